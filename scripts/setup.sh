@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Create (once) and fill the virtual environment .venv at the repository root.
+# Idempotent: a second call with an unchanged pyproject.toml installs nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+
+# Fashion-MNIST is a Debian package; install it when we can (root + apt), else say how.
+if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing Debian package dataset-fashion-mnist"
+    (apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 \
+      || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1)) \
+      || echo "[setup] warning: could not install dataset-fashion-mnist; image recipes will say so"
+  else
+    echo "[setup] note: Fashion-MNIST missing; run 'sudo apt-get install dataset-fashion-mnist' for image recipes"
+  fi
+fi
+
+STAMP="$VENV/.hydra-setup-stamp"
+WANT=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+  echo "[setup] .venv is up to date"
+  exit 0
+fi
+
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch first, pinned: any looser spec with no torch installed pulls a multi-GB CUDA build.
+"$VENV/bin/python" -m pip install -q "torch==2.13.0"
+"$VENV/bin/python" -m pip install -q -e ".[demo,dev]"
+echo "$WANT" > "$STAMP"
+echo "[setup] done"

@@ -1,0 +1,354 @@
+"""The model-adapter contract: one adapter per model family, one interface for the pipeline.
+
+transformers 5.x removed ``head_mask`` and ``prune_heads()``, so this module implements head
+gating, attention capture and physical head removal on top of plain Hugging Face modules,
+without editing their source:
+
+* **gating** - a forward pre-hook on each layer's attention output projection multiplies the
+  context vector of head ``h`` (its ``head_dim`` slice of the projection's input) by
+  ``gates[..., layer, h]``. Gates are ``[layers, max_heads]`` (one mask for the batch) or
+  ``[batch, layers, max_heads]`` (one mask per sample: the batched circuit search uses it).
+  The hook is differentiable with respect to the gates.
+* **attention capture** - a forward hook on each attention module reads the attention
+  probabilities that the eager attention kernel returns (``[batch, heads, query, key]``); the
+  attention implementation is switched to ``eager`` for the duration (same maths as SDPA, so
+  outputs do not change beyond float rounding) and restored afterwards.
+* **pruning** - Q/K/V output rows and O input columns of the removed heads are deleted with
+  ``transformers.pytorch_utils.prune_linear_layer`` on a deep copy. HF attention modules reshape
+  with ``-1`` heads, so the remaining heads run unchanged. The per-layer head counts are stored
+  in the config (``hydra_heads_per_layer``) so :func:`toolchain.models.load_model` can rebuild
+  the pruned shapes and reload the weights.
+
+Adding a family means writing one :class:`ModelAdapter` subclass and registering it with
+:func:`register_adapter`; nothing else in the pipeline asks which family a model is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+from torch import nn
+from transformers.pytorch_utils import prune_linear_layer
+
+NormStyle = Literal["post", "pre"]
+
+#: config attribute holding the per-layer head counts of a pruned model
+HEADS_ATTR = "hydra_heads_per_layer"
+
+
+@dataclass
+class LayerView:
+    """Live references to the parts of one transformer layer (no copies).
+
+    ``post`` (BERT): ``x = ln_attn(x + O(attn(x)))``; ``x = ln_mlp(x + fc2(act(fc1(x))))``.
+    ``pre`` (ViT, CLIP): ``x = x + O(attn(ln_attn(x)))``; ``x = x + fc2(act(fc1(ln_mlp(x))))``.
+    """
+
+    attention: nn.Module  #: the block that contains q, k, v and o
+    probs_module: nn.Module  #: the module whose forward returns ``(context, attn_probs)``
+    q: nn.Linear
+    k: nn.Linear
+    v: nn.Linear
+    o: nn.Linear
+    ln_attn: nn.LayerNorm
+    ln_mlp: nn.LayerNorm
+    fc1: nn.Linear
+    fc2: nn.Linear
+    act: Callable[[torch.Tensor], torch.Tensor]
+    act_name: str
+    norm_style: NormStyle
+    head_dim: int
+    scaling: float
+    #: attribute names on ``attention`` that hold the head count / projected size
+    heads_attr: str = "num_attention_heads"
+    size_attr: str | None = None
+
+    @property
+    def num_heads(self) -> int:
+        """Number of heads the layer has now (after any pruning)."""
+        return self.q.out_features // self.head_dim
+
+    def head_weights(self) -> dict[str, torch.Tensor]:
+        """Per-head weight slices for fusion (detached views, float32).
+
+        Returns ``q_w, k_w, v_w``: ``[H, head_dim, hidden]``; ``q_b, k_b, v_b``: ``[H, head_dim]``
+        (zeros where the projection has no bias); ``o_w``: ``[H, hidden, head_dim]`` (the
+        output-projection columns of each head); ``o_b``: ``[hidden]``.
+        """
+        h, d = self.num_heads, self.head_dim
+        out: dict[str, torch.Tensor] = {}
+        for name, lin in (("q", self.q), ("k", self.k), ("v", self.v)):
+            out[f"{name}_w"] = lin.weight.detach().reshape(h, d, -1)
+            bias = lin.bias.detach() if lin.bias is not None else torch.zeros(h * d)
+            out[f"{name}_b"] = bias.reshape(h, d)
+        out["o_w"] = self.o.weight.detach().reshape(-1, h, d).permute(1, 0, 2)
+        out["o_b"] = self.o.bias.detach() if self.o.bias is not None else torch.zeros(self.o.out_features)
+        return out
+
+
+_REGISTRY: list[type[ModelAdapter]] = []
+
+
+def register_adapter(cls: type[ModelAdapter]) -> type[ModelAdapter]:
+    """Class decorator: make an adapter findable by :func:`adapter_for`."""
+    _REGISTRY.append(cls)
+    return cls
+
+
+def registered_adapters() -> list[type[ModelAdapter]]:
+    """All registered adapter classes, in registration order."""
+    return list(_REGISTRY)
+
+
+def adapter_for(model: nn.Module, **kwargs: object) -> ModelAdapter:
+    """Return the adapter that handles ``model`` (first registered match)."""
+    from toolchain.errors import ModelError
+
+    for cls in _REGISTRY:
+        if cls.handles(model):
+            return cls(model, **kwargs)
+    families = ", ".join(c.family for c in _REGISTRY)
+    raise ModelError(
+        f"model class {type(model).__name__} is not a supported family (supported: {families}).",
+        hint="Use a BERT-family encoder, ViTForImageClassification or CLIPModel checkpoint.",
+    )
+
+
+class ModelAdapter(ABC):
+    """Uniform access to one Hugging Face model of a supported family.
+
+    The adapter wraps (does not copy) ``model``; methods that change structure return a copy.
+    Batches are dicts of tensors as the family's forward takes them (``input_ids`` /
+    ``attention_mask`` / ``token_type_ids`` for text, ``pixel_values`` for images).
+    """
+
+    family: ClassVar[str]
+    #: model classes (by ``type(model).__name__``) this adapter handles
+    model_classes: ClassVar[tuple[str, ...]]
+    #: names of the batch tensors the forward takes, in order
+    input_names: ClassVar[tuple[str, ...]]
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    # ----------------------------------------------------------------- family hooks
+    @classmethod
+    def handles(cls, model: nn.Module) -> bool:
+        """True when this adapter knows ``model``'s class."""
+        return type(model).__name__ in cls.model_classes
+
+    @abstractmethod
+    def layers(self) -> list[LayerView]:
+        """The prunable transformer layers, in order."""
+
+    @abstractmethod
+    def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Run the model; return the classification (or zero-shot) logits ``[batch, classes]``."""
+
+    @abstractmethod
+    def token_mask(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``[batch, tokens]`` bool: the real (non-padding) tokens seen by the prunable layers."""
+
+    @abstractmethod
+    def embeddings(self) -> nn.Module:
+        """A copy of the input stage: ``module(**batch) -> (hidden [B, T, D], attn_bias | None)``.
+
+        ``attn_bias`` is additive, broadcastable to ``[B, heads, T, T]`` (``-inf``-like for masked keys).
+        """
+
+    @abstractmethod
+    def head(self) -> nn.Module:
+        """A copy of the output stage: ``module(hidden [B, T, D]) -> logits [B, classes]``."""
+
+    @abstractmethod
+    def config_dict(self) -> dict:
+        """The family-specific facts the fused model needs (hidden size, eps, activation...)."""
+
+    # ---------------------------------------------------------------- structure
+    @property
+    def num_layers(self) -> int:
+        """Number of prunable layers."""
+        return len(self.layers())
+
+    def heads_per_layer(self) -> list[int]:
+        """Current head count of every prunable layer (unequal after pruning)."""
+        return [lv.num_heads for lv in self.layers()]
+
+    @property
+    def max_heads(self) -> int:
+        """Largest head count over layers: the second axis of a gate tensor."""
+        return max(self.heads_per_layer())
+
+    def head_dims(self) -> list[int]:
+        """Head size of every prunable layer."""
+        return [lv.head_dim for lv in self.layers()]
+
+    def original_heads(self) -> int:
+        """Heads per layer of the unpruned architecture (from the config)."""
+        return int(self._layer_config().num_attention_heads)
+
+    def _layer_config(self):  # noqa: ANN202 - HF config object
+        return self.model.config
+
+    # ------------------------------------------------------------------- gating
+    @contextlib.contextmanager
+    def gated(self, gates: torch.Tensor) -> Iterator[None]:
+        """Multiply every head's context output by its gate inside the ``with`` block.
+
+        Args:
+            gates: ``[layers, max_heads]`` or ``[batch, layers, max_heads]``; entries past a
+                layer's head count are ignored. May require grad.
+        """
+        layers = self.layers()
+        if gates.dim() not in (2, 3) or gates.shape[-2] != len(layers):
+            raise ValueError(
+                f"gates must be [layers={len(layers)}, heads] or [batch, layers, heads]; got {tuple(gates.shape)}"
+            )
+        if gates.shape[-1] < max(lv.num_heads for lv in layers):
+            raise ValueError(f"gates has {gates.shape[-1]} heads per layer; the model has up to {self.max_heads}")
+        handles = []
+        for idx, lv in enumerate(layers):
+            handles.append(lv.o.register_forward_pre_hook(_gate_hook(gates, idx, lv.num_heads, lv.head_dim)))
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def gated_logits(self, batch: dict[str, torch.Tensor], gates: torch.Tensor) -> torch.Tensor:
+        """Logits with heads gated by ``gates`` (see :meth:`gated`)."""
+        with self.gated(gates):
+            return self.logits(batch)
+
+    # ---------------------------------------------------------------- attention
+    @contextlib.contextmanager
+    def capture_attentions(self) -> Iterator[list[torch.Tensor]]:
+        """Collect attention probabilities ``[batch, heads, query, key]`` per layer.
+
+        Yields a list that fills with one tensor per prunable layer during each forward inside
+        the block (cleared by the caller between forwards if needed). Padded keys get exactly 0.
+        """
+        store: list[torch.Tensor] = []
+        layers = self.layers()
+        previous = self._set_attn_impl("eager")
+        handles = [lv.probs_module.register_forward_hook(_capture_hook(store)) for lv in layers]
+        try:
+            yield store
+        finally:
+            for h in handles:
+                h.remove()
+            self._set_attn_impl(previous)
+
+    def attentions(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Attention probabilities of one forward, per prunable layer."""
+        with torch.no_grad(), self.capture_attentions() as store:
+            self.logits(batch)
+        return list(store)
+
+    def _attn_configs(self) -> list:
+        """Every distinct config object the model's modules read ``_attn_implementation`` from."""
+        seen: dict[int, object] = {}
+        for mod in self.model.modules():
+            cfg = getattr(mod, "config", None)
+            if cfg is not None and hasattr(cfg, "_attn_implementation"):
+                seen[id(cfg)] = cfg
+        return list(seen.values())
+
+    def _set_attn_impl(self, impl: str | dict | None) -> dict:
+        """Set (``str``) or restore (``dict`` from a previous call) the attention implementation."""
+        previous = {}
+        for cfg in self._attn_configs():
+            previous[id(cfg)] = cfg._attn_implementation
+            cfg._attn_implementation = impl[id(cfg)] if isinstance(impl, dict) else impl
+        return previous
+
+    # ------------------------------------------------------------------ pruning
+    def prune(self, keep: torch.Tensor | Sequence[Sequence[bool]]) -> nn.Module:
+        """Return a pruned deep copy that keeps the heads where ``keep`` is true.
+
+        Args:
+            keep: ``[layers, max_heads]`` bool; every layer must keep at least one head.
+        """
+        keep = torch.as_tensor(keep, dtype=torch.bool)
+        if keep.dim() != 2 or keep.shape[0] != self.num_layers:
+            raise ValueError(f"keep mask must be [layers={self.num_layers}, heads]; got {tuple(keep.shape)}")
+        new_model = copy.deepcopy(self.model)
+        new_adapter = type(self)(new_model, **self._clone_kwargs())
+        for idx, lv in enumerate(new_adapter.layers()):
+            row = keep[idx, : lv.num_heads]
+            if not bool(row.any()):
+                raise ValueError(f"layer {idx} would keep no head; keep at least one head per layer")
+            kept = torch.nonzero(row).flatten()
+            _prune_layer(lv, kept)
+        new_adapter._record_heads()
+        return new_model
+
+    def _clone_kwargs(self) -> dict:
+        return {}
+
+    def _record_heads(self) -> None:
+        setattr(self._layer_config(), HEADS_ATTR, self.heads_per_layer())
+
+    def restructure(self, heads_per_layer: Sequence[int]) -> None:
+        """Shrink layers in place to ``heads_per_layer`` (first heads kept): used when reloading."""
+        for lv, n in zip(self.layers(), heads_per_layer, strict=True):
+            if n < lv.num_heads:
+                _prune_layer(lv, torch.arange(n))
+        self._record_heads()
+
+
+def _gate_hook(gates: torch.Tensor, layer: int, heads: int, head_dim: int):
+    def hook(_module: nn.Module, args: tuple) -> tuple:
+        x = args[0]  # [B, T, H*d]
+        if gates.dim() == 2:
+            g = gates[layer, :heads].to(x.dtype)
+            scale = g.repeat_interleave(head_dim)  # [H*d]
+            return (x * scale, *args[1:])
+        g = gates[:, layer, :heads].to(x.dtype)  # [B, H]
+        if g.shape[0] != x.shape[0]:
+            raise ValueError(f"per-sample gates have batch {g.shape[0]}, the input has batch {x.shape[0]}")
+        scale = g.repeat_interleave(head_dim, dim=1)  # [B, H*d]
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+        return (x * scale.reshape(shape), *args[1:])
+
+    return hook
+
+
+def _capture_hook(store: list[torch.Tensor]):
+    def hook(_module: nn.Module, _args: tuple, output: tuple) -> None:
+        probs = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        if probs is None:
+            raise RuntimeError("attention module returned no probabilities; eager attention is required")
+        store.append(probs.detach())
+
+    return hook
+
+
+def _prune_layer(lv: LayerView, kept: torch.Tensor) -> None:
+    """Keep the heads ``kept`` (sorted indices) of one layer, in place."""
+    d = lv.head_dim
+    index = (kept[:, None] * d + torch.arange(d)[None, :]).flatten()
+    holder, _ = _owner_of(lv.attention, lv.q)
+    for lin, dim in ((lv.q, 0), (lv.k, 0), (lv.v, 0), (lv.o, 1)):
+        owner, name = _owner_of(lv.attention, lin)
+        setattr(owner, name, prune_linear_layer(lin, index, dim=dim))
+    n = int(kept.numel())
+    if hasattr(holder, lv.heads_attr):
+        setattr(holder, lv.heads_attr, n)
+    if lv.size_attr and hasattr(holder, lv.size_attr):
+        setattr(holder, lv.size_attr, n * d)
+
+
+def _owner_of(root: nn.Module, target: nn.Module) -> tuple[nn.Module, str]:
+    """The module under ``root`` that holds ``target`` as a direct child, and the child's name."""
+    for mod in root.modules():
+        for name, child in mod.named_children():
+            if child is target:
+                return mod, name
+    raise RuntimeError(f"{type(target).__name__} not found under {type(root).__name__}")

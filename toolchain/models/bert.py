@@ -1,0 +1,132 @@
+"""BERT-family encoders (BertModel, BertForSequenceClassification): post-LayerNorm layers."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from toolchain.models.base import LayerView, ModelAdapter, register_adapter
+
+
+def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+    """Additive key mask ``[B, 1, 1, T]``: 0 for real keys, the dtype's minimum for padding."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, None, None, :].to(dtype)
+    return (1.0 - mask) * torch.finfo(dtype).min
+
+
+class BertEmbeddingStage(nn.Module):
+    """Word + position + token-type embeddings and LayerNorm; returns hidden and key bias."""
+
+    def __init__(self, embeddings: nn.Module) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``input_ids [B, T]`` -> ``hidden [B, T, D]``, ``bias [B, 1, 1, T]``."""
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        hidden = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+        return hidden, padding_bias(attention_mask, hidden.dtype)
+
+
+class BertHeadStage(nn.Module):
+    """Pooler (dense + tanh on the first token) and, when present, the classifier."""
+
+    def __init__(self, pooler: nn.Module | None, classifier: nn.Module | None) -> None:
+        super().__init__()
+        self.pooler = pooler
+        self.classifier = classifier
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [B, T, D]`` -> ``logits [B, classes]`` (pooled output for BertModel)."""
+        pooled = self.pooler(hidden) if self.pooler is not None else hidden[:, 0]
+        return self.classifier(pooled) if self.classifier is not None else pooled
+
+
+@register_adapter
+class BertAdapter(ModelAdapter):
+    """BERT encoders: the packaged all-MiniLM-L6-v2 and any ``BertConfig``."""
+
+    family = "bert"
+    model_classes = ("BertModel", "BertForSequenceClassification")
+    input_names = ("input_ids", "attention_mask", "token_type_ids")
+    modality = "text"
+
+    @property
+    def encoder_model(self) -> nn.Module:
+        """The ``BertModel`` inside (the model itself for a bare encoder)."""
+        return self.model if type(self.model).__name__ == "BertModel" else self.model.bert
+
+    def layers(self) -> list[LayerView]:
+        """One view per ``BertLayer``."""
+        views = []
+        for layer in self.encoder_model.encoder.layer:
+            att = layer.attention
+            sa = att.self
+            views.append(
+                LayerView(
+                    attention=att,
+                    probs_module=sa,
+                    q=sa.query,
+                    k=sa.key,
+                    v=sa.value,
+                    o=att.output.dense,
+                    ln_attn=att.output.LayerNorm,
+                    ln_mlp=layer.output.LayerNorm,
+                    fc1=layer.intermediate.dense,
+                    fc2=layer.output.dense,
+                    act=layer.intermediate.intermediate_act_fn,
+                    act_name=str(self.model.config.hidden_act),
+                    norm_style="post",
+                    head_dim=sa.attention_head_size,
+                    scaling=float(sa.scaling),
+                    heads_attr="num_attention_heads",
+                    size_attr="all_head_size",
+                )
+            )
+        return views
+
+    def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Classifier logits, or the pooled output (first token) for a bare ``BertModel``."""
+        feed = {k: batch[k] for k in self.input_names if k in batch}
+        out = self.model(**feed)
+        if hasattr(out, "logits"):
+            return out.logits
+        return out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
+
+    def token_mask(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Real tokens: the attention mask (all true when absent)."""
+        if batch.get("attention_mask") is not None:
+            return batch["attention_mask"].bool()
+        return torch.ones_like(batch["input_ids"], dtype=torch.bool)
+
+    def embeddings(self) -> nn.Module:
+        """Copy of the embedding stage."""
+        return BertEmbeddingStage(copy.deepcopy(self.encoder_model.embeddings))
+
+    def head(self) -> nn.Module:
+        """Copy of pooler + classifier."""
+        pooler = copy.deepcopy(self.encoder_model.pooler)
+        classifier = copy.deepcopy(getattr(self.model, "classifier", None))
+        return BertHeadStage(pooler, classifier)
+
+    def config_dict(self) -> dict:
+        """Facts the fused model needs."""
+        c = self.model.config
+        return {
+            "family": self.family,
+            "hidden_size": int(c.hidden_size),
+            "layer_norm_eps": float(c.layer_norm_eps),
+            "hidden_act": str(c.hidden_act),
+            "num_labels": int(getattr(c, "num_labels", 0) or 0),
+            "norm_style": "post",
+        }

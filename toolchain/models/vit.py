@@ -1,0 +1,104 @@
+"""ViT image classifiers (ViTForImageClassification): pre-LayerNorm layers."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from toolchain.models.base import LayerView, ModelAdapter, register_adapter
+
+
+class ViTEmbeddingStage(nn.Module):
+    """Patch embedding + CLS token + positions; ViT has no attention mask."""
+
+    def __init__(self, embeddings: nn.Module) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """``pixel_values [B, C, H, W]`` -> ``hidden [B, 1 + patches, D]``, no bias."""
+        return self.embeddings(pixel_values), None
+
+
+class ViTHeadStage(nn.Module):
+    """Final LayerNorm, first (CLS) token, classifier."""
+
+    def __init__(self, layernorm: nn.Module, classifier: nn.Module) -> None:
+        super().__init__()
+        self.layernorm = layernorm
+        self.classifier = classifier
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [B, T, D]`` -> ``logits [B, classes]``."""
+        return self.classifier(self.layernorm(hidden[:, 0]))
+
+
+@register_adapter
+class ViTAdapter(ModelAdapter):
+    """ViT classifiers (trained here from a config: no ViT weights exist offline)."""
+
+    family = "vit"
+    model_classes = ("ViTForImageClassification",)
+    input_names = ("pixel_values",)
+    modality = "image"
+
+    def layers(self) -> list[LayerView]:
+        """One view per ``ViTLayer``."""
+        views = []
+        for layer in self.model.vit.layers:
+            att = layer.attention
+            views.append(
+                LayerView(
+                    attention=att,
+                    probs_module=att,
+                    q=att.q_proj,
+                    k=att.k_proj,
+                    v=att.v_proj,
+                    o=att.o_proj,
+                    ln_attn=layer.layernorm_before,
+                    ln_mlp=layer.layernorm_after,
+                    fc1=layer.mlp.fc1,
+                    fc2=layer.mlp.fc2,
+                    act=layer.mlp.activation_fn,
+                    act_name=str(self.model.config.hidden_act),
+                    norm_style="pre",
+                    head_dim=int(att.head_dim),
+                    scaling=float(att.scaling),
+                    heads_attr="num_attention_heads",
+                )
+            )
+        return views
+
+    def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Classifier logits."""
+        return self.model(pixel_values=batch["pixel_values"]).logits
+
+    def token_mask(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Every token (CLS + patches) is real."""
+        n = batch["pixel_values"].shape[0]
+        emb = self.model.vit.embeddings
+        return torch.ones(n, emb.patch_embeddings.num_patches + 1, dtype=torch.bool)
+
+    def embeddings(self) -> nn.Module:
+        """Copy of the embedding stage."""
+        return ViTEmbeddingStage(copy.deepcopy(self.model.vit.embeddings))
+
+    def head(self) -> nn.Module:
+        """Copy of final LayerNorm + classifier."""
+        return ViTHeadStage(copy.deepcopy(self.model.vit.layernorm), copy.deepcopy(self.model.classifier))
+
+    def config_dict(self) -> dict:
+        """Facts the fused model needs."""
+        c = self.model.config
+        return {
+            "family": self.family,
+            "hidden_size": int(c.hidden_size),
+            "layer_norm_eps": float(c.layer_norm_eps),
+            "hidden_act": str(c.hidden_act),
+            "num_labels": int(c.num_labels),
+            "norm_style": "pre",
+            "image_size": int(c.image_size),
+            "num_channels": int(c.num_channels),
+        }
