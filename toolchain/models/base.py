@@ -193,7 +193,7 @@ class ModelAdapter(ABC):
         """Heads per layer of the unpruned architecture (from the config)."""
         return int(self._layer_config().num_attention_heads)
 
-    def _layer_config(self):  # noqa: ANN202 - HF config object
+    def _layer_config(self):
         return self.model.config
 
     # ------------------------------------------------------------------- gating
@@ -261,10 +261,14 @@ class ModelAdapter(ABC):
         return list(seen.values())
 
     def _set_attn_impl(self, impl: str | dict | None) -> dict:
-        """Set (``str``) or restore (``dict`` from a previous call) the attention implementation."""
-        previous = {}
-        for cfg in self._attn_configs():
-            previous[id(cfg)] = cfg._attn_implementation
+        """Set (``str``) or restore (``dict`` from a previous call) the attention implementation.
+
+        All values are read before any is written: setting a composite config (CLIP) also sets
+        its sub-configs.
+        """
+        configs = self._attn_configs()
+        previous = {id(cfg): cfg._attn_implementation for cfg in configs}
+        for cfg in configs:
             cfg._attn_implementation = impl[id(cfg)] if isinstance(impl, dict) else impl
         return previous
 

@@ -71,14 +71,14 @@ class CLIPAdapter(ModelAdapter):
     def _tower(self) -> nn.Module:
         return self.model.vision_model if self.tower == "vision" else self.model.text_model
 
-    def _layer_config(self):  # noqa: ANN202
+    def _layer_config(self):
         return self._tower().config
 
     def _record_heads(self) -> None:
         heads = self.heads_per_layer()
-        setattr(self._tower().config, "hydra_heads_per_layer", heads)
+        self._tower().config.hydra_heads_per_layer = heads
         sub = self.model.config.vision_config if self.tower == "vision" else self.model.config.text_config
-        setattr(sub, "hydra_heads_per_layer", heads)
+        sub.hydra_heads_per_layer = heads
 
     def layers(self) -> list[LayerView]:
         """One view per encoder layer of the pruned tower."""

@@ -105,6 +105,8 @@ def load_model(
     os.environ["HF_HUB_OFFLINE"] = "1"
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()
+
     path = resolve_source(source)
     model_type = _model_type(path)
     cls_name = _CLASSES[model_type][1 if encoder_only else 0]
@@ -132,7 +134,7 @@ def load_model(
     return LoadedModel(model=model, adapter=adapter, tokenizer=tok, path=path)
 
 
-def load_tokenizer(path: Path):  # noqa: ANN201 - a transformers tokenizer
+def load_tokenizer(path: Path):
     """The folder's tokenizer, or a ModelError saying which files are missing."""
     from transformers import AutoTokenizer
 
@@ -148,7 +150,7 @@ def load_tokenizer(path: Path):  # noqa: ANN201 - a transformers tokenizer
         raise ModelError(f"cannot load the tokenizer in '{path}': {str(exc).splitlines()[0]}") from exc
 
 
-def _pruned_heads(config) -> list[int] | None:  # noqa: ANN001
+def _pruned_heads(config) -> list[int] | None:
     for cfg in (config, getattr(config, "vision_config", None), getattr(config, "text_config", None)):
         heads = getattr(cfg, HEADS_ATTR, None) if cfg is not None else None
         if heads:
@@ -177,11 +179,23 @@ def _is_buffer(model: nn.Module, key: str) -> bool:
 
 def save_model(model: nn.Module, path: str | Path, tokenizer: object | None = None) -> Path:
     """``save_pretrained`` into a temporary sibling folder, then rename over ``path`` (atomic)."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         model.save_pretrained(tmp)
+        if _pruned_heads(model.config) is not None:
+            # save_pretrained may rename keys to a family's legacy layout (ViT does); a pruned
+            # model is rebuilt by our loader, so store the module's own state-dict keys.
+            from safetensors.torch import save_file
+
+            for old_file in tmp.glob("*.safetensors*"):
+                old_file.unlink()
+            state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if path.exists():

@@ -26,7 +26,12 @@ class SingleModel(nn.Module):
         self.model = adapter.model
         self.input_names = tuple(adapter.input_names)
 
-    def forward(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``inputs`` as the family takes them -> ``logits [B, C]``, ``probs [B, C]``."""
+    def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Run the model: inputs by position (``input_names`` order) or by name.
+
+        Returns ``logits [B, C]`` and ``probs [B, C]``. The ONNX exporter passes positions.
+        """
+        inputs = dict(zip(self.input_names, args))
+        inputs.update(kwargs)
         logits = self.adapter.logits(inputs)
         return {"logits": logits, "probs": torch.softmax(logits, dim=-1)}
