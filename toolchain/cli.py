@@ -1,0 +1,122 @@
+"""``hydra-toolchain``: argument parsing only; the work is in :mod:`toolchain.pipeline`.
+
+Exit codes: 0 success; 1 a check failed (parity, lint, verify); 2 bad input (recipe, files,
+shapes); 3 a needed optional component is missing (TensorRT, CUDA, a data package); 4 an
+internal error (a bug: rerun with ``--debug`` and report the traceback); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+from rich.console import Console
+
+from toolchain.errors import ToolchainError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Turn a Hugging Face transformer into a pruned, fused Hydra ensemble, ONNX / TensorRT engines, "
+    "a parity verdict and a latency report, from one recipe file.",
+)
+console = Console(stderr=True)
+_STATE = {"debug": False}
+
+RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
+ProfileOpt = Annotated[str | None, typer.Option("--profile", "-p", help="recipe profile to apply, e.g. quick")]
+ForceOpt = Annotated[list[str] | None, typer.Option("--force", help="rerun this stage even if up to date (repeatable)")]
+
+
+@app.callback()
+def _main(debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False) -> None:
+    _STATE["debug"] = debug
+
+
+def _context(recipe: Path, profile: str | None, force: list[str] | None = None):  # noqa: ANN202
+    from toolchain.pipeline import STAGES, Context
+    from toolchain.recipe import load_recipe
+
+    forced = frozenset(force or [])
+    unknown = forced - set(STAGES)
+    if unknown:
+        raise ToolchainError(f"--force: unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(STAGES)}).")
+    return Context(recipe=load_recipe(recipe, profile=profile), console=console, force=forced)
+
+
+def _run(recipe: Path, profile: str | None, force: list[str] | None, until: str | None = None,
+         only: list[str] | None = None) -> dict[str, str]:
+    from toolchain.pipeline import run_pipeline
+
+    ctx = _context(recipe, profile, force)
+    return run_pipeline(ctx, until=until, only=only)
+
+
+@app.command()
+def run(recipe: RecipeArg, profile: ProfileOpt = None, force: ForceOpt = None) -> None:
+    """Run every stage of the recipe (stages whose inputs did not change are skipped)."""
+    status = _run(recipe, profile, force)
+    ran = [k for k, v in status.items() if v == "ran"]
+    console.print(f"[green]done[/green]: {len(status)} stages ({len(ran)} ran, {len(status) - len(ran)} up to date)")
+
+
+@app.command()
+def load(recipe: RecipeArg, profile: ProfileOpt = None, force: ForceOpt = None) -> None:
+    """Load the model and data sets and print a summary."""
+    _run(recipe, profile, force, until="load")
+
+
+@app.command()
+def verify(artifacts_dir: Annotated[Path, typer.Argument(help="artifacts folder (or one recipe's folder)")]) -> None:
+    """Recompute every file's hash against the stage manifests; exit 1 on any difference."""
+    from toolchain.artifacts import verify_tree
+    from toolchain.errors import CheckFailed
+
+    problems = verify_tree(artifacts_dir)
+    if problems:
+        for p in problems:
+            console.print(f"[red]x[/red] {p}")
+        raise CheckFailed(f"{len(problems)} problem(s) in '{artifacts_dir}'.")
+    console.print(f"[green]ok[/green]: every file under '{artifacts_dir}' matches its manifest")
+
+
+def _on_sigterm(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry: run the app, map errors to one-paragraph messages and exit codes."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    try:
+        app(args=args, standalone_mode=False, prog_name="hydra-toolchain")
+    except ToolchainError as exc:
+        if debug:
+            raise
+        console.print(f"[red]error[/red]: {exc}", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        console.print("interrupted", highlight=False)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        console.print("interrupted: completed stages are kept; the next run resumes", highlight=False)
+        sys.exit(130)
+    except Exception as exc:
+        if debug:
+            raise
+        console.print(f"[red]internal error[/red]: {type(exc).__name__}: {exc}. Rerun with --debug for the "
+                      "traceback and report it.", highlight=False, soft_wrap=True)
+        sys.exit(4)
+    sys.exit(0)

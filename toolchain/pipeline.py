@@ -1,0 +1,195 @@
+"""The pipeline: stages in order, their cache keys, skip-if-unchanged, and the Python API.
+
+Each stage is a function ``build(ctx, work_dir) -> info`` plus the recipe sections and upstream
+stages its output depends on. Its cache key hashes those sections and the upstream keys, so
+changing a recipe field reruns exactly the stages downstream of it. A stage whose published
+folder has a manifest with the same key and intact files is skipped; ``force`` reruns it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from toolchain.artifacts import StageDir, locked, read_manifest
+from toolchain.errors import DataError, RecipeError, ToolchainError
+from toolchain.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage."""
+
+    name: str
+    sections: tuple[str, ...]
+    upstream: tuple[str, ...]
+    build: Callable[[Context, Path], dict[str, Any]]
+    summary: str
+
+
+STAGES: dict[str, Stage] = {}
+
+
+def stage(name: str, sections: tuple[str, ...], upstream: tuple[str, ...], summary: str):
+    """Register a stage function under ``name``."""
+
+    def wrap(fn: Callable[[Context, Path], dict[str, Any]]) -> Callable[[Context, Path], dict[str, Any]]:
+        STAGES[name] = Stage(name, sections, upstream, fn, summary)
+        return fn
+
+    return wrap
+
+
+def _split_sizes(sizes: dict[str, float]) -> dict[str, int | float]:
+    """Recipe sizes: whole numbers >= 1 are counts, values below 1 are fractions."""
+    return {k: int(v) if v >= 1 and float(v).is_integer() else float(v) for k, v in sizes.items()}
+
+
+@dataclass
+class Context:
+    """What every stage sees: the recipe, the artifacts root, the console, the forced stages."""
+
+    recipe: Recipe
+    console: Console = field(default_factory=lambda: Console(stderr=True))
+    force: frozenset[str] = frozenset()
+    progress: bool = True
+
+    @property
+    def root(self) -> Path:
+        """``artifacts/<recipe name>``."""
+        return self.recipe.artifacts()
+
+    def stage_dir(self, name: str) -> Path:
+        """Published folder of stage ``name``."""
+        return self.root / name
+
+    def key(self, name: str) -> str:
+        """Cache key of stage ``name`` (recipe sections + seed + upstream keys)."""
+        st = STAGES[name]
+        h = hashlib.sha256()
+        h.update(name.encode())
+        h.update(self.recipe.digest(*st.sections, "seed").encode())
+        for up in st.upstream:
+            h.update(self.key(up).encode())
+        return h.hexdigest()[:16]
+
+    # ------------------------------------------------------------------ data
+    @cached_property
+    def data(self) -> dict[str, Any]:
+        """Deterministic splits: train/val/calib/test (ID) and ood_val/ood_test (OOD)."""
+        from toolchain.data import load_dataset, make_splits
+
+        r = self.recipe
+        ident = load_dataset(r.data.id, **self._dataset_kwargs(r.data.id))
+        splits = make_splits(ident, _split_sizes(r.data.splits), seed=r.seed)
+        for name, part in splits.items():
+            if len(part) == 0:
+                raise DataError(f"split '{name}' of data set '{r.data.id}' is empty (data.splits.{name}).")
+        if r.data.ood:
+            ood = load_dataset(r.data.ood, **self._dataset_kwargs(r.data.ood))
+            splits.update(make_splits(ood, _split_sizes(r.data.ood_splits), seed=r.seed + 1, class_checked=()))
+        return splits
+
+    def _dataset_kwargs(self, name: str) -> dict[str, Any]:
+        if name == "fashion-mnist":
+            return {"split": "train"}
+        return {}
+
+    @property
+    def class_names(self) -> list[str]:
+        """In-distribution class names."""
+        return list(self.data["train"].class_names)
+
+    def encode(self, part: Any, tokenizer: Any = None) -> dict[str, torch.Tensor]:
+        """Model inputs for a data split (text: tokenised to ``model.max_length``)."""
+        from toolchain.data import encode
+
+        m = self.recipe.model
+        return encode(part, tokenizer=tokenizer, max_length=m.max_length, padding="longest",
+                      image_size=m.image_size, num_channels=m.num_channels)
+
+
+def run_pipeline(ctx: Context, until: str | None = None, only: list[str] | None = None) -> dict[str, str]:
+    """Run the stages in order (up to ``until``, or just ``only``); returns stage -> status."""
+    names = list(STAGES)
+    if until is not None:
+        if until not in STAGES:
+            raise ToolchainError(f"unknown stage '{until}' (stages: {', '.join(STAGES)}).")
+        names = names[: names.index(until) + 1]
+    if only is not None:
+        names = [n for n in names if n in only]
+    status: dict[str, str] = {}
+    with locked(ctx.root):
+        for name in names:
+            status[name] = _run_stage(ctx, name)
+    return status
+
+
+def _run_stage(ctx: Context, name: str) -> str:
+    st = STAGES[name]
+    sd = StageDir(ctx.root, name, ctx.key(name))
+    if name not in ctx.force and sd.is_complete():
+        ctx.console.print(f"[dim]- {name}: up to date, skipped[/dim]")
+        return "skipped"
+    ctx.console.print(f"[bold]> {name}[/bold]: {st.summary}")
+    work = sd.begin()
+    t0 = time.perf_counter()
+    try:
+        info = st.build(ctx, work) or {}
+    except BaseException:
+        sd.abort()
+        raise
+    info = {"seconds": round(time.perf_counter() - t0, 3), "seed": ctx.recipe.seed,
+            "upstream": {u: ctx.key(u) for u in st.upstream}, **info}
+    sd.publish(info)
+    ctx.console.print(f"  {name}: done in {info['seconds']:.1f} s")
+    return "ran"
+
+
+def stage_manifest(ctx: Context, name: str) -> dict[str, Any]:
+    """The published manifest of an upstream stage (a clear error when it is missing)."""
+    manifest = read_manifest(ctx.stage_dir(name))
+    if manifest is None:
+        raise ToolchainError(f"stage '{name}' has no output in '{ctx.stage_dir(name)}'; run it first.")
+    return manifest
+
+
+def set_seed(seed: int) -> None:
+    """Seed torch, numpy and Python's hash-independent RNGs."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % (2**32))
+    os.environ.setdefault("PYTHONHASHSEED", str(seed))
+
+
+def check_recipe_against_model(recipe: Recipe, heads_per_layer: list[int]) -> None:
+    """Checks that need the model: a head budget larger than the model, a floor too high."""
+    total = sum(heads_per_layer)
+    budget = recipe.pruning.budget
+    if budget is not None and budget > total:
+        raise RecipeError(
+            f"field 'pruning.budget': {budget} heads requested but the model has {total} "
+            f"({len(heads_per_layer)} layers x {max(heads_per_layer)} heads). Lower the budget."
+        )
+    floor = recipe.pruning.min_heads_per_layer
+    if floor > min(heads_per_layer):
+        raise RecipeError(
+            f"field 'pruning.min_heads_per_layer': {floor} is more than the {min(heads_per_layer)} heads a layer has."
+        )
+    if budget is not None and budget < floor * len(heads_per_layer):
+        raise RecipeError(
+            f"field 'pruning.budget': {budget} is below the floor of {floor} head(s) x {len(heads_per_layer)} layers."
+        )
+
+
+# The stage functions live in toolchain/stages.py (imported for registration).
+from toolchain import stages as _stages  # noqa: E402,F401

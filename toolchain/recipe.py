@@ -1,0 +1,259 @@
+"""The recipe: one YAML file that drives every stage, validated with pydantic.
+
+Errors are :class:`~toolchain.errors.RecipeError` with the file, the dotted field path, what was
+received and what to do (a did-you-mean for unknown keys, line and column for YAML syntax
+errors). A recipe may define ``profiles`` (e.g. ``quick``): partial recipes deep-merged over the
+base when selected with ``--profile NAME``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from toolchain.errors import RecipeError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(_Strict):
+    """Which checkpoint to start from."""
+
+    source: str = Field(description="local Hugging Face folder, or 'packaged:all-MiniLM-L6-v2'")
+    family: Literal["auto", "bert", "vit", "clip"] = "auto"
+    #: build the model from this Hugging Face config dict instead of a checkpoint (ViT, tiny CLIP)
+    from_config: dict[str, Any] | None = None
+    max_length: int = Field(64, ge=4, le=4096, description="text: tokens per sample")
+    image_size: int | None = Field(None, ge=4, description="images: side length fed to the model")
+    num_channels: int = Field(1, ge=1, le=4)
+    prompt_template: str = "a photo of a {}"
+
+
+class DataSection(_Strict):
+    """In-distribution and OOD data sets and their split sizes (counts, or fractions)."""
+
+    id: str = Field(description="tweets | bbc | fashion-mnist | digits")
+    ood: str | None = None
+    splits: dict[str, float] = Field(
+        default_factory=lambda: {"train": 4000, "val": 500, "calib": 128, "test": 1000}
+    )
+    ood_splits: dict[str, float] = Field(default_factory=lambda: {"ood_val": 200, "ood_test": 500})
+
+    @field_validator("splits", "ood_splits")
+    @classmethod
+    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, size in value.items():
+            if size <= 0:
+                raise ValueError(f"split '{name}' has size {size}; sizes must be > 0 (a count or a fraction)")
+        return value
+
+
+class FinetuneSection(_Strict):
+    """Fine-tuning of the base classifier on the in-distribution training split."""
+
+    steps: int = Field(300, ge=0)
+    lr: float = Field(5e-5, gt=0, lt=1)
+    batch_size: int = Field(32, ge=1)
+    weight_decay: float = Field(0.01, ge=0)
+
+
+class ScoringSection(_Strict):
+    """Head-importance criterion and its parameters."""
+
+    criterion: Literal["his", "taylor", "entropy", "hies", "l2", "random", "circuit"] = "hies"
+    alpha: float = Field(0.5, ge=0, le=1, description="HIES weight of gradient importance")
+    normalize: Literal["global", "layer"] = "global"
+    calib_samples: int = Field(128, ge=1)
+    batch_size: int = Field(16, ge=1)
+    objective: Literal["loss", "nll", "ood_auroc"] = "loss"
+
+
+class RecoverySection(_Strict):
+    """Optional recovery fine-tuning of each pruned member."""
+
+    steps: int = Field(0, ge=0)
+    lr: float = Field(5e-5, gt=0, lt=1)
+    batch_size: int = Field(32, ge=1)
+
+
+class PruningSection(_Strict):
+    """How many members, how each is made, and how many heads each keeps."""
+
+    members: int = Field(3, ge=1, le=16, description="M")
+    strategy: Literal["bootstrap", "seeds", "ratios", "circuit-samples"] = "bootstrap"
+    ratio: float | None = Field(0.5, ge=0, lt=1, description="fraction of heads pruned")
+    budget: int | None = Field(None, ge=1, description="heads kept per member (instead of ratio)")
+    scope: Literal["global", "layer"] = "global"
+    min_heads_per_layer: int = Field(1, ge=1)
+    recovery: RecoverySection = RecoverySection()
+
+    @model_validator(mode="after")
+    def _ratio_or_budget(self) -> PruningSection:
+        if self.budget is not None and self.ratio is not None and "ratio" in self.model_fields_set:
+            raise ValueError("give either ratio or budget, not both")
+        return self
+
+    def keep_rule(self) -> dict[str, float | int]:
+        """``{"budget": n}`` when a budget is set, else ``{"ratio": r}``."""
+        return {"budget": self.budget} if self.budget is not None else {"ratio": float(self.ratio or 0.0)}
+
+
+class FusionSection(_Strict):
+    """How members become one Hydra model."""
+
+    mlp: Literal["average", "grouped"] = "average"
+    layernorm: Literal["grouped", "average"] = "grouped"
+    lowering: Literal["conv", "matmul"] = "conv"
+
+
+class Range(_Strict):
+    """A dynamic dimension's min / opt / max (the TensorRT optimisation profile too)."""
+
+    min: int = Field(1, ge=1)
+    opt: int = Field(8, ge=1)
+    max: int = Field(32, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Range:
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"need min <= opt <= max, got {self.min}, {self.opt}, {self.max}")
+        return self
+
+
+class ExportSection(_Strict):
+    """ONNX export settings."""
+
+    opset: int = Field(17, ge=13, le=23)
+    lowerings: list[Literal["conv", "matmul"]] = ["conv", "matmul"]
+    precisions: list[Literal["fp32", "fp16", "bf16"]] = ["fp32", "fp16", "bf16"]
+    batch: Range = Range(min=1, opt=8, max=32)
+    sequence: Range = Range(min=8, opt=64, max=128)
+
+
+class BenchSection(_Strict):
+    """Latency measurement settings."""
+
+    batch_sizes: list[int] = [1, 8]
+    sequence_length: int = Field(128, ge=1)
+    threads: int = Field(2, ge=1)
+    warmup: int = Field(3, ge=0)
+    rounds: int = Field(15, ge=1)
+
+
+class Recipe(_Strict):
+    """A whole recipe. ``name`` names the artifacts folder ``artifacts/<name>/``."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    seed: int = 0
+    model: ModelSection
+    data: DataSection
+    finetune: FinetuneSection = FinetuneSection()
+    scoring: ScoringSection = ScoringSection()
+    pruning: PruningSection = PruningSection()
+    fusion: FusionSection = FusionSection()
+    export: ExportSection = ExportSection()
+    engines: list[Literal["torch", "onnxrt-cpu", "onnxrt-cuda", "tensorrt"]] = ["torch", "onnxrt-cpu"]
+    bench: BenchSection = BenchSection()
+    artifacts_dir: str = "artifacts"
+
+    def digest(self, *sections: str) -> str:
+        """Stable hash of the named sections (all when none): stage cache keys."""
+        data = self.model_dump(mode="json")
+        if sections:
+            data = {k: data[k] for k in sections}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    def artifacts(self) -> Path:
+        """``<artifacts_dir>/<name>``."""
+        return Path(self.artifacts_dir) / self.name
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _fields_of(model: type[BaseModel], path: tuple) -> list[str]:
+    """Field names valid at ``path`` (for did-you-mean)."""
+    cls: Any = model
+    for part in path:
+        if isinstance(part, int):
+            continue
+        field = cls.model_fields.get(part) if hasattr(cls, "model_fields") else None
+        if field is None:
+            return []
+        cls = field.annotation
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+            return []
+    return list(cls.model_fields)
+
+
+def _format_errors(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            known = _fields_of(Recipe, loc[:-1])
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            tip = f" Did you mean '{close[0]}'?" if close else f" Known keys here: {', '.join(known)}."
+            lines.append(f"unknown key '{field}'.{tip}")
+        elif err["type"] == "missing":
+            lines.append(f"missing required field '{field}'.")
+        else:
+            got = err.get("input")
+            shown = repr(got) if not isinstance(got, dict) else "{...}"
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"field '{field}': {msg} (got {shown}).")
+    return f"recipe {source}: " + " ".join(lines) + " Fix the recipe and run again."
+
+
+def parse_recipe(data: Any, source: str = "<dict>", profile: str | None = None) -> Recipe:
+    """Validate a recipe given as a dict; apply ``profiles[profile]`` first when named."""
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe {source}: the top level must be a mapping of sections, got {type(data).__name__}.")
+    profiles = data.pop("profiles", {}) or {}
+    if not isinstance(profiles, dict):
+        raise RecipeError(f"recipe {source}: 'profiles' must map profile names to partial recipes.")
+    if profile is not None:
+        if profile not in profiles:
+            known = ", ".join(sorted(profiles)) or "none defined"
+            raise RecipeError(f"recipe {source}: no profile '{profile}' (profiles: {known}).")
+        data = _deep_merge(data, profiles[profile])
+        data["name"] = f"{data.get('name', 'recipe')}-{profile}"
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(_format_errors(exc, source)) from None
+
+
+def load_recipe(path: str | Path, profile: str | None = None) -> Recipe:
+    """Read and validate a YAML recipe file; every failure is a :class:`RecipeError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe file '{path}' does not exist.", hint="Pass a YAML file, e.g. recipes/minilm-tweets.yaml.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"cannot read recipe '{path}': {exc}.") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RecipeError(f"recipe '{path}' is not valid YAML{where}: {problem}.") from None
+    return parse_recipe(data, source=f"'{path}'", profile=profile)
