@@ -25,7 +25,7 @@ app = typer.Typer(
     help="Turn a Hugging Face transformer into a pruned, fused Hydra ensemble, ONNX / TensorRT engines, "
     "a parity verdict and a latency report, from one recipe file.",
 )
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 _STATE = {"debug": False}
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
@@ -38,7 +38,7 @@ def _main(debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")
     _STATE["debug"] = debug
 
 
-def _context(recipe: Path, profile: str | None, force: list[str] | None = None):  # noqa: ANN202
+def _context(recipe: Path, profile: str | None, force: list[str] | None = None):
     from toolchain.pipeline import STAGES, Context
     from toolchain.recipe import load_recipe
 

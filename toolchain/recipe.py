@@ -244,7 +244,9 @@ def load_recipe(path: str | Path, profile: str | None = None) -> Recipe:
     """Read and validate a YAML recipe file; every failure is a :class:`RecipeError`."""
     path = Path(path)
     if not path.is_file():
-        raise RecipeError(f"recipe file '{path}' does not exist.", hint="Pass a YAML file, e.g. recipes/minilm-tweets.yaml.")
+        raise RecipeError(
+            f"recipe file '{path}' does not exist.", hint="Pass a YAML file, e.g. recipes/minilm-tweets.yaml."
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

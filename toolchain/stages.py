@@ -98,6 +98,7 @@ def load_stage(ctx: Context, work: Path) -> dict[str, Any]:
     table.add_row("model", f"{m['class']} ({m['family']}), {m['layers']} layers x {max(m['heads_per_layer'])} heads, "
                            f"{m['parameters'] / 1e6:.1f}M parameters")
     for name, s in splits.items():
-        table.add_row(f"split {name}", f"{s['size']} samples, " + ", ".join(f"{k}: {v}" for k, v in s["classes"].items()))
+        counts = ", ".join(f"{k}: {v}" for k, v in s["classes"].items())
+        table.add_row(f"split {name}", f"{s['size']} samples, {counts}")
     ctx.console.print(table)
     return {"summary": summary["model"]}

@@ -1,0 +1,109 @@
+"""Recipe loading and validation: every failure is a RecipeError naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from toolchain.errors import RecipeError
+from toolchain.recipe import load_recipe, parse_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT = ROOT / "recipes" / "minilm-tweets.yaml"
+
+
+def _base() -> dict:
+    return yaml.safe_load(DEFAULT.read_text())
+
+
+def test_every_shipped_recipe_and_profile_loads():
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        recipe = load_recipe(path)
+        profiles = yaml.safe_load(path.read_text()).get("profiles", {})
+        for name in profiles:
+            assert load_recipe(path, profile=name).name == f"{recipe.name}-{name}"
+
+
+def test_profile_deep_merges():
+    quick = load_recipe(DEFAULT, profile="quick")
+    full = load_recipe(DEFAULT)
+    assert quick.finetune.steps < full.finetune.steps
+    assert quick.finetune.lr == full.finetune.lr  # untouched keys survive the merge
+    assert quick.artifacts() != full.artifacts()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "pattern"),
+    [
+        (lambda d: d["pruning"].update(memebrs=3), r"unknown key 'pruning\.memebrs'.*Did you mean 'members'"),
+        (lambda d: d["finetune"].update(steps="many"), r"field 'finetune\.steps'.*'many'"),
+        (lambda d: d.pop("model"), r"missing required field 'model'"),
+        (lambda d: d["pruning"].update(ratio=1.5), r"field 'pruning\.ratio'"),
+        (lambda d: d["pruning"].update(members=0), r"field 'pruning\.members'.*greater than or equal to 1"),
+        (lambda d: d["data"]["splits"].update(train=0), r"field 'data\.splits'.*split 'train' has size 0"),
+        (lambda d: d["export"].update(batch={"min": 8, "opt": 1, "max": 4}), r"export\.batch.*min <= opt <= max"),
+    ],
+)
+def test_validation_errors_name_the_field(mutate, pattern):
+    data = _base()
+    mutate(data)
+    with pytest.raises(RecipeError, match=pattern):
+        parse_recipe(data, source="'x.yaml'")
+
+
+def test_yaml_syntax_error_gives_line_and_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel:\n  source: [unclosed\ndata: {id: tweets}\n")
+    with pytest.raises(RecipeError, match=r"not valid YAML at line \d+, column \d+"):
+        load_recipe(bad)
+
+
+def test_missing_file_and_unknown_profile(tmp_path):
+    with pytest.raises(RecipeError, match="does not exist"):
+        load_recipe(tmp_path / "none.yaml")
+    with pytest.raises(RecipeError, match="no profile 'fast'"):
+        load_recipe(DEFAULT, profile="fast")
+
+
+def test_budget_and_ratio_exclusive():
+    data = _base()
+    data["pruning"].update(budget=20)
+    data["pruning"].pop("ratio")
+    assert parse_recipe(data).pruning.keep_rule() == {"budget": 20}
+    data["pruning"]["ratio"] = 0.3
+    with pytest.raises(RecipeError, match="either ratio or budget"):
+        parse_recipe(data)
+
+
+def test_digest_changes_only_with_its_sections():
+    a = parse_recipe(_base())
+    data = _base()
+    data["bench"]["rounds"] = 99
+    b = parse_recipe(data)
+    assert a.digest("model", "data") == b.digest("model", "data")
+    assert a.digest("bench") != b.digest("bench")
+
+
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**6), st.floats(allow_nan=True),
+                  st.text(max_size=8), st.lists(st.integers(), max_size=3))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(section=st.sampled_from(["model", "data", "finetune", "scoring", "pruning", "fusion", "export", "bench"]),
+       key=st.text(min_size=1, max_size=12), value=_leaf, drop=st.booleans())
+def test_fuzzed_recipes_load_or_raise_recipe_error(section, key, value, drop):
+    data = _base()
+    target = data[section]
+    if drop and target:
+        target.pop(sorted(target)[0])
+    else:
+        existing = sorted(target)
+        target[existing[hash(key) % len(existing)] if key[0].isalpha() else key] = value
+    try:
+        parse_recipe(data)
+    except RecipeError:
+        pass
