@@ -110,6 +110,15 @@ class Context:
         """In-distribution class names."""
         return list(self.data["train"].class_names)
 
+    def batches(self, part: Any, batch_size: int, tokenizer: Any = None, *, seed: int | None = None):
+        """Yield ``(inputs, labels)`` over a split; shuffled by ``seed`` when given."""
+        order = np.arange(len(part))
+        if seed is not None:
+            order = np.random.default_rng(seed).permutation(len(part))
+        for start in range(0, len(part), batch_size):
+            sub = part.subset(order[start : start + batch_size])
+            yield self.encode(sub, tokenizer), torch.as_tensor(sub.labels, dtype=torch.long)
+
     def encode(self, part: Any, tokenizer: Any = None) -> dict[str, torch.Tensor]:
         """Model inputs for a data split (text: tokenised to ``model.max_length``)."""
         from toolchain.data import encode

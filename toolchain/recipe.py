@@ -165,10 +165,16 @@ class Recipe(_Strict):
     artifacts_dir: str = "artifacts"
 
     def digest(self, *sections: str) -> str:
-        """Stable hash of the named sections (all when none): stage cache keys."""
-        data = self.model_dump(mode="json")
-        if sections:
-            data = {k: data[k] for k in sections}
+        """Stable hash of the named sections or dotted fields (all when none): stage cache keys."""
+        full = self.model_dump(mode="json")
+        data = full
+        if sections:  # "section" or a dotted path such as "pruning.members"
+            data = {}
+            for name in sections:
+                value = full
+                for part in name.split("."):
+                    value = value[part]
+                data[name] = value
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
     def artifacts(self) -> Path:

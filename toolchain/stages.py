@@ -102,3 +102,253 @@ def load_stage(ctx: Context, work: Path) -> dict[str, Any]:
         table.add_row(f"split {name}", f"{s['size']} samples, {counts}")
     ctx.console.print(table)
     return {"summary": summary["model"]}
+
+
+# ---------------------------------------------------------------------------- fine-tuning
+def _adapter_kwargs(adapter: ModelAdapter) -> dict[str, Any]:
+    return adapter._clone_kwargs()
+
+
+def train_classifier(ctx: Context, seed: int, desc: str) -> tuple[torch.nn.Module, ModelAdapter, Any, dict]:
+    """A fresh base model fine-tuned on the training split with ``seed`` (data order, head init)."""
+    from toolchain.pruning.finetune import finetune
+
+    r = ctx.recipe
+    set_seed(seed)
+    model, adapter, tok = build_base_model(ctx) if seed == r.seed else _reseeded_base(ctx, seed)
+    info: dict[str, Any] = {"steps": r.finetune.steps}
+    if r.finetune.steps > 0:
+        ctx.console.print(f"  {desc}: {r.finetune.steps} steps, batch {r.finetune.batch_size}, lr {r.finetune.lr}")
+        hist = finetune(
+            model, adapter,
+            lambda bs, s: ctx.batches(ctx.data["train"], bs, tok, seed=s),
+            steps=r.finetune.steps, lr=r.finetune.lr, batch_size=r.finetune.batch_size, seed=seed,
+            weight_decay=r.finetune.weight_decay, progress=ctx.progress,
+        )
+        info["loss_first"], info["loss_last"] = hist["losses"][0], hist["losses"][-1]
+    info["val_accuracy"] = evaluate_accuracy(ctx, adapter, "val", tok)
+    return model, adapter, tok, info
+
+
+def _reseeded_base(ctx: Context, seed: int) -> tuple[torch.nn.Module, ModelAdapter, Any]:
+    """The base model with its new head (or from-config weights) initialised from ``seed``."""
+    from dataclasses import replace
+
+    other = replace(ctx, recipe=ctx.recipe.model_copy(update={"seed": seed}))
+    other.__dict__["data"] = ctx.data  # same splits: only the initialisation differs
+    return build_base_model(other)
+
+
+@torch.no_grad()
+def predict(ctx: Context, adapter: ModelAdapter, split: str, tokenizer: Any, batch_size: int = 64) -> torch.Tensor:
+    """Logits ``[N, C]`` of ``adapter``'s model on a split."""
+    adapter.model.eval()
+    outs = [adapter.logits(b) for b, _ in ctx.batches(ctx.data[split], batch_size, tokenizer)]
+    return torch.cat(outs)
+
+
+def evaluate_accuracy(ctx: Context, adapter: ModelAdapter, split: str, tokenizer: Any) -> float:
+    """Top-1 accuracy on a split."""
+    logits = predict(ctx, adapter, split, tokenizer)
+    labels = torch.as_tensor(ctx.data[split].labels)
+    return float((logits.argmax(-1) == labels).float().mean())
+
+
+def load_stage_model(ctx: Context, folder: Path) -> tuple[torch.nn.Module, ModelAdapter, Any]:
+    """Reload a model saved by a stage (with the CLIP prompts when needed)."""
+    kwargs: dict[str, Any] = {}
+    tok = None
+    if ctx.recipe.model.family == "clip":
+        tok = _prompt_tokenizer(ctx)
+        kwargs["prompts"] = clip_prompts(ctx, tok)
+    loaded = load_model(folder, adapter_kwargs=kwargs, tokenizer=ctx.recipe.model.family != "clip")
+    return loaded.model, loaded.adapter, loaded.tokenizer
+
+
+@stage("finetune", sections=("model", "data", "finetune"), upstream=("load",),
+       summary="fine-tune the base classifier on the in-distribution training split")
+def finetune_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """Fine-tune (or train from config) the base classifier; save it under ``model/``."""
+    from toolchain.models import save_model
+
+    model, _adapter, tok, info = train_classifier(ctx, ctx.recipe.seed, "base classifier")
+    save_model(model, work / "model", tokenizer=tok)
+    atomic_write_json(work / "metrics.json", info)
+    ctx.console.print(f"  validation accuracy {info['val_accuracy']:.4f}")
+    return {"metrics": info}
+
+
+@stage("ensemble", sections=("model", "data", "finetune", "pruning.members"), upstream=("finetune",),
+       summary="deep-ensemble baseline: M full models fine-tuned with different seeds")
+def ensemble_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """Members 1..M-1 trained exactly as the base (same steps, lr, schedule); member 0 is the base."""
+    import shutil
+
+    from toolchain.models import save_model
+
+    m = ctx.recipe.pruning.members
+    base = ctx.stage_dir("finetune") / "model"
+    shutil.copytree(base, work / "member0")
+    infos = [read_json(ctx.stage_dir("finetune") / "metrics.json")]
+    for i in range(1, m):
+        seed = ctx.recipe.seed + 1000 * i
+        model, _a, tok, info = train_classifier(ctx, seed, f"deep-ensemble member {i}/{m - 1} (seed {seed})")
+        save_model(model, work / f"member{i}", tokenizer=tok)
+        info["seed"] = seed
+        infos.append(info)
+    atomic_write_json(work / "metrics.json", {"members": infos})
+    return {"members": m}
+
+
+def read_json(path: Path) -> Any:
+    """Parse a JSON file."""
+    import json
+
+    return json.loads(Path(path).read_text())
+
+
+# ---------------------------------------------------------------------------- scoring, pruning
+def _criterion_params(ctx: Context, criterion: str, heads_per_layer: list[int]) -> dict[str, Any]:
+    """Recipe fields -> the criterion's keyword parameters."""
+    from toolchain.scoring.registry import criterion_params
+
+    s, p = ctx.recipe.scoring, ctx.recipe.pruning
+    wanted = criterion_params(criterion)
+    out: dict[str, Any] = {}
+    if "alpha" in wanted:
+        out["alpha"] = s.alpha
+    if "norm_scope" in wanted:
+        out["norm_scope"] = s.normalize
+    if "seed" in wanted:
+        out["seed"] = ctx.recipe.seed
+    if "objective" in wanted:
+        out["objective"] = s.objective
+    if "n_heads" in wanted:
+        layers, heads = len(heads_per_layer), max(heads_per_layer)
+        kept = p.budget if p.budget is not None else round((1 - float(p.ratio or 0)) * layers * heads)
+        out["n_heads"] = max(p.min_heads_per_layer, round(kept / layers))
+    return out
+
+
+def calibration(ctx: Context, tokenizer: Any) -> list:
+    """Calibration batches; with the ``ood_auroc`` objective OOD validation rows are mixed in (label -1)."""
+    from toolchain.scoring.calibration import OOD_LABEL
+
+    s = ctx.recipe.scoring
+    part = ctx.data["calib"]
+    if len(part) > s.calib_samples:
+        part = part.subset(list(range(s.calib_samples)))
+    calib = list(ctx.batches(part, s.batch_size, tokenizer))
+    if s.criterion == "circuit" and s.objective == "ood_auroc":
+        if "ood_val" not in ctx.data:
+            raise RecipeError("field 'scoring.objective': ood_auroc needs data.ood (an OOD validation split).")
+        ood = ctx.data["ood_val"]
+        ood = ood.subset(list(range(min(len(ood), s.calib_samples))))
+        for batch, labels in ctx.batches(ood, s.batch_size, tokenizer):
+            calib.append((batch, torch.full_like(labels, OOD_LABEL)))
+    return calib
+
+
+@stage("score", sections=("model", "data", "finetune", "scoring", "pruning"), upstream=("finetune",),
+       summary="score every attention head")
+def score_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """Head scores of the chosen criterion on the calibration split: ``scores.json`` + heatmap."""
+    from toolchain.scoring.registry import score_heads
+
+    _model, adapter, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    crit = ctx.recipe.scoring.criterion
+    params = _criterion_params(ctx, crit, adapter.heads_per_layer())
+    scores = score_heads(adapter, calibration(ctx, tok), crit, **params)
+    scores.to_json(work / "scores.json")
+    scores.plot_heatmap(work / f"heatmap-{crit}.png", title=f"{ctx.recipe.name}: {crit} head scores")
+    ctx.console.print(f"  {crit} scores on {ctx.recipe.scoring.calib_samples} calibration samples "
+                      f"(data hash {scores.data_hash[:12]})")
+    return {"criterion": crit, "params": params}
+
+
+@stage("prune", sections=("model", "data", "finetune", "scoring", "pruning"), upstream=("score",),
+       summary="make M diverse pruned members")
+def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """Member keep masks, their diversity, and (optionally) recovery-fine-tuned member models."""
+    from toolchain.pruning.diversity import pairwise_jaccard, prediction_disagreement
+    from toolchain.pruning.members import make_members
+
+    r = ctx.recipe
+    model, adapter, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    crit = r.scoring.criterion
+    params = _criterion_params(ctx, crit, adapter.heads_per_layer())
+    if r.pruning.strategy == "seeds":
+        params.pop("seed", None)
+    rule = r.pruning.keep_rule()
+    members = make_members(
+        adapter, calibration(ctx, tok), m=r.pruning.members, criterion=crit, strategy=r.pruning.strategy,
+        seed=r.seed, scope=r.pruning.scope, min_heads_per_layer=r.pruning.min_heads_per_layer, **rule, **params,
+    )
+    masks = torch.stack([mb.keep for mb in members])
+    val_logits = []
+    with torch.no_grad():
+        for mb in members:
+            outs = [adapter.gated_logits(b, mb.keep.float()) for b, _ in ctx.batches(ctx.data["val"], 64, tok)]
+            val_logits.append(torch.cat(outs))
+    stacked = torch.stack(val_logits)
+    labels = torch.as_tensor(ctx.data["val"].labels)
+    diversity: dict[str, Any] = {
+        "kept_heads": [int(m.sum()) for m in masks],
+        "member_val_accuracy": [float((lg.argmax(-1) == labels).float().mean()) for lg in stacked],
+    }
+    if len(members) > 1:
+        diversity["jaccard"] = pairwise_jaccard(masks)
+        dis = prediction_disagreement(stacked)
+        diversity["disagreement_val"] = {k: v for k, v in dis.items() if k != "ensemble_pred"}
+    atomic_write_json(work / "members.json", {
+        "criterion": crit, "strategy": r.pruning.strategy, "rule": rule,
+        "members": [{"index": mb.index, "seed": mb.seed, "keep": mb.keep.int().tolist()} for mb in members],
+    })
+    atomic_write_json(work / "diversity.json", diversity)
+    plot_member_masks(masks, work / "members.png", title=f"{r.name}: heads kept per member")
+    if r.pruning.recovery.steps > 0:
+        _recover_members(ctx, adapter, tok, masks, work)
+    jac = diversity.get("jaccard", {}).get("overall")
+    ctx.console.print(f"  {len(members)} members keep {diversity['kept_heads']} heads; "
+                      + (f"mean Jaccard {jac:.3f}; " if jac is not None else "")
+                      + "val accuracy " + ", ".join(f"{a:.3f}" for a in diversity["member_val_accuracy"]))
+    return {"kept_heads": diversity["kept_heads"]}
+
+
+def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch.Tensor, work: Path) -> None:
+    """Prune each member physically and fine-tune it (per-member seed and data order)."""
+    from toolchain.models import save_model
+    from toolchain.pruning.finetune import finetune
+
+    rec = ctx.recipe.pruning.recovery
+    for i, keep in enumerate(masks):
+        pruned = adapter.prune(keep)
+        pa = adapter_for(pruned, **_adapter_kwargs(adapter))
+        seed = ctx.recipe.seed + 7919 * (i + 1)
+        ctx.console.print(f"  recovery fine-tuning of member {i}: {rec.steps} steps (seed {seed})")
+        finetune(pruned, pa, lambda bs, s: ctx.batches(ctx.data["train"], bs, tok, seed=s),
+                 steps=rec.steps, lr=rec.lr, batch_size=rec.batch_size, seed=seed, progress=ctx.progress)
+        save_model(pruned, work / f"member{i}", tokenizer=tok)
+
+
+def plot_member_masks(masks: torch.Tensor, path: Path, title: str) -> Path:
+    """One panel per member: layers x heads, kept heads dark. PNG written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    m = masks.shape[0]
+    fig = Figure(figsize=(3.2 * m, 2.6))
+    axes = fig.subplots(1, m, squeeze=False)[0]
+    for i, ax in enumerate(axes):
+        ax.imshow(masks[i].float().numpy(), cmap="Greys", vmin=0, vmax=1, aspect="auto")
+        ax.set_title(f"member {i} ({int(masks[i].sum())} heads)", fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)
+    return path

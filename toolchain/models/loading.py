@@ -106,8 +106,8 @@ def load_model(
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-
-    path = resolve_source(source)
+    path = resolve_source(source)  # may import a package that resets transformers' verbosity
+    transformers.utils.logging.set_verbosity_error()  # "newly initialised head" is expected here
     model_type = _model_type(path)
     cls_name = _CLASSES[model_type][1 if encoder_only else 0]
     cls = getattr(transformers, cls_name)
