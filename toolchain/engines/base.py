@@ -1,0 +1,212 @@
+"""The runner contract every backend implements (after Polygraphy's ``BaseRunner``).
+
+A backend subclasses :class:`Runner` and implements four small hooks:
+``_activate_impl`` (load the model/session/engine), ``_deactivate_impl`` (free it),
+``_input_specs_impl`` (name -> :class:`TensorSpec`) and ``_infer_impl`` (run one feed). The base
+class owns the public :meth:`Runner.activate` / :meth:`Runner.deactivate` / :meth:`Runner.infer`,
+the context manager and every input check, so all backends reject bad feeds with the same
+:class:`~toolchain.errors.EngineError` messages:
+
+* unknown or missing input names;
+* an input that is not a numpy array, or has the wrong dtype;
+* the wrong rank, or a static dim that differs;
+* one named dynamic dim (``"batch"``) given different sizes in different inputs;
+* a dim outside the runner's limits (``max_batch``, or a TensorRT profile's min/max).
+
+Every problem in a feed is collected and reported in one message.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Mapping
+from types import TracebackType
+from typing import NamedTuple, Self
+
+import numpy as np
+
+from toolchain.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+Dim = int | str | None
+
+
+class TensorSpec(NamedTuple):
+    """dtype and shape of one input; a dim is an ``int`` (static), a name or None (dynamic)."""
+
+    dtype: np.dtype
+    shape: tuple[Dim, ...]
+
+
+class ShapeLimits(NamedTuple):
+    """Per-axis bounds an input must respect (a TensorRT optimisation profile's min and max)."""
+
+    min_shape: tuple[int, ...]
+    max_shape: tuple[int, ...]
+
+
+def check_feed(
+    feed: Mapping[str, object],
+    specs: Mapping[str, TensorSpec],
+    *,
+    limits: Mapping[str, ShapeLimits] | None = None,
+    max_batch: int | None = None,
+    runner: str = "runner",
+) -> None:
+    """Validate one feed against the input specs; raise one :class:`EngineError` listing every problem.
+
+    Args:
+        feed: input name -> numpy array.
+        specs: input name -> :class:`TensorSpec`.
+        limits: input name -> per-axis (min, max) bounds (TensorRT profile).
+        max_batch: the largest allowed size of axis 0 of every input.
+        runner: name used in the message.
+    """
+    problems: list[str] = []
+    unknown = sorted(set(feed) - set(specs))
+    missing = sorted(set(specs) - set(feed))
+    if unknown:
+        problems.append(f"unknown input(s) {unknown} (expected {sorted(specs)})")
+    if missing:
+        problems.append(f"missing input(s) {missing}")
+    named: dict[str, tuple[str, int]] = {}
+    for name in sorted(set(feed) & set(specs)):
+        value, spec = feed[name], specs[name]
+        if not isinstance(value, np.ndarray):
+            problems.append(f"input '{name}' is a {type(value).__name__}; pass a numpy array")
+            continue
+        if value.dtype != spec.dtype:
+            problems.append(
+                f"input '{name}' has dtype {value.dtype}, expected {spec.dtype} (use .astype(np.{spec.dtype}))"
+            )
+        if value.ndim != len(spec.shape):
+            problems.append(f"input '{name}' has shape {tuple(value.shape)} (rank {value.ndim}), expected rank "
+                            f"{len(spec.shape)} {tuple(spec.shape)}")
+            continue
+        for axis, (size, dim) in enumerate(zip(value.shape, spec.shape)):
+            if isinstance(dim, int) and dim >= 0 and size != dim:
+                problems.append(f"input '{name}' axis {axis} is {size}, expected {dim}")
+            elif isinstance(dim, str):
+                first = named.setdefault(dim, (name, size))
+                if first[1] != size:
+                    problems.append(f"dim '{dim}' is {first[1]} in '{first[0]}' but {size} in '{name}'")
+        if max_batch is not None and value.ndim and value.shape[0] > max_batch:
+            problems.append(f"input '{name}' batch {value.shape[0]} is over the maximum {max_batch}; split the batch")
+        bounds = (limits or {}).get(name)
+        if bounds is not None:
+            for axis, size in enumerate(value.shape):
+                lo, hi = bounds.min_shape[axis], bounds.max_shape[axis]
+                if not lo <= size <= hi:
+                    what = "batch" if axis == 0 else f"axis {axis}"
+                    problems.append(f"input '{name}' {what} {size} is outside the profile range {lo}..{hi}; "
+                                    "rebuild the engine with a wider profile or split the input")
+    if problems:
+        raise EngineError(f"{runner}: bad feed: " + "; ".join(problems) + ".")
+
+
+class Runner(abc.ABC):
+    """One inference backend behind a common interface; use as a context manager.
+
+    Example::
+
+        with make_runner("onnxrt-cpu", path=onnx_path) as runner:
+            outputs = runner.infer({"input_ids": ids, "attention_mask": mask})  # name -> np.ndarray
+    """
+
+    kind: str = "runner"
+
+    def __init__(self, *, name: str | None = None, max_batch: int | None = None) -> None:
+        if max_batch is not None and max_batch < 1:
+            raise EngineError(f"{self.kind}: max_batch must be >= 1, got {max_batch}.")
+        self.name = name or self.kind
+        self.max_batch = max_batch
+        self._active = False
+        self._specs: dict[str, TensorSpec] | None = None
+
+    # ------------------------------------------------------------------ hooks for the backends
+    @abc.abstractmethod
+    def _activate_impl(self) -> None:
+        """Load whatever inference needs (model, session, engine and context)."""
+
+    @abc.abstractmethod
+    def _deactivate_impl(self) -> None:
+        """Release what ``_activate_impl`` loaded."""
+
+    @abc.abstractmethod
+    def _input_specs_impl(self) -> dict[str, TensorSpec]:
+        """Input name -> :class:`TensorSpec` (called once per activation)."""
+
+    @abc.abstractmethod
+    def _infer_impl(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one checked feed; return output name -> numpy array (host memory)."""
+
+    def _shape_limits(self) -> dict[str, ShapeLimits]:
+        """Per-input axis bounds (TensorRT profiles); none by default."""
+        return {}
+
+    # ------------------------------------------------------------------------------ public API
+    @property
+    def is_active(self) -> bool:
+        """True between :meth:`activate` and :meth:`deactivate`."""
+        return self._active
+
+    def activate(self) -> None:
+        """Load the backend; a second call while active does nothing."""
+        if self._active:
+            log.debug("%s is already active", self.name)
+            return
+        self._activate_impl()
+        self._active = True
+        self._specs = None
+
+    def deactivate(self) -> None:
+        """Release the backend; a call while inactive does nothing."""
+        if not self._active:
+            return
+        try:
+            self._deactivate_impl()
+        finally:
+            self._active = False
+            self._specs = None
+
+    def __enter__(self) -> Self:
+        self.activate()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.deactivate()
+
+    def _require_active(self, what: str) -> None:
+        if not self._active:
+            raise EngineError(f"{self.name}: call activate() (or use 'with') before {what}.")
+
+    def input_specs(self) -> dict[str, TensorSpec]:
+        """Input name -> ``(dtype, shape)``; dynamic dims are a name or None.
+
+        Example: ``{"input_ids": (int64, ("batch", "seq"))}``.
+        """
+        self._require_active("input_specs()")
+        if self._specs is None:
+            self._specs = self._input_specs_impl()
+        return dict(self._specs)
+
+    def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Check ``feed`` against :meth:`input_specs` and run it.
+
+        Args:
+            feed: input name -> numpy array, e.g. ``input_ids`` int64 ``[B, S]``.
+
+        Returns:
+            Output name -> numpy array, e.g. ``logits`` float32 ``[B, K]``.
+        """
+        self._require_active("infer()")
+        check_feed(feed, self.input_specs(), limits=self._shape_limits(), max_batch=self.max_batch, runner=self.name)
+        return self._infer_impl(dict(feed))
+
+    def __repr__(self) -> str:
+        state = "active" if self._active else "inactive"
+        return f"<{type(self).__name__} {self.name!r} ({state})>"

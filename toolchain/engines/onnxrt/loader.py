@@ -1,0 +1,112 @@
+"""Lazy ONNX Runtime loaders: ``SessionFromOnnx(path, ...)()`` builds the session when called.
+
+Session options come from explicit arguments (threads, optimisation level, spinning, where to
+save the optimised graph). Spinning is off by default (``session.intra_op.allow_spinning = "0"``
+and the inter-op twin): spinning worker threads keep cores busy after each run and distort
+interleaved benchmarks of several runners on one machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from toolchain.errors import EngineError, GraphError, MissingDependencyError
+
+OptLevel = Literal["disable", "basic", "extended", "layout", "all"]
+Provider = Literal["cpu", "cuda"]
+_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "layout": "ORT_ENABLE_LAYOUT",
+    "all": "ORT_ENABLE_ALL",
+}
+_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def build_session_options(
+    *,
+    intra_op_threads: int = 0,
+    inter_op_threads: int = 0,
+    optimization_level: OptLevel = "all",
+    allow_spinning: bool = False,
+    optimized_model_path: Path | None = None,
+    log_severity: int = 3,
+) -> Any:
+    """An ``onnxruntime.SessionOptions`` from explicit arguments (0 threads = ORT's default)."""
+    import onnxruntime as ort
+
+    if intra_op_threads < 0 or inter_op_threads < 0:
+        raise EngineError(
+            f"onnxrt: thread counts must be >= 0, got intra={intra_op_threads}, inter={inter_op_threads}."
+        )
+    if optimization_level not in _LEVELS:
+        raise EngineError(f"onnxrt: optimization_level must be one of {sorted(_LEVELS)}, got '{optimization_level}'.")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = inter_op_threads
+    level = getattr(ort.GraphOptimizationLevel, _LEVELS[optimization_level], None)
+    if level is None:
+        raise EngineError(f"onnxrt: this onnxruntime has no optimisation level '{optimization_level}'.")
+    options.graph_optimization_level = level
+    spin = "1" if allow_spinning else "0"
+    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    options.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    options.log_severity_level = log_severity
+    if optimized_model_path is not None:
+        Path(optimized_model_path).parent.mkdir(parents=True, exist_ok=True)
+        options.optimized_model_filepath = str(optimized_model_path)
+    return options
+
+
+def providers_for(provider: Provider) -> list[str]:
+    """ORT provider list for ``"cpu"`` or ``"cuda"``; MissingDependencyError if CUDA is absent."""
+    import onnxruntime as ort
+
+    if provider not in _PROVIDERS:
+        raise EngineError(f"onnxrt: provider must be 'cpu' or 'cuda', got '{provider}'.")
+    if provider == "cuda":
+        if _PROVIDERS["cuda"] not in ort.get_available_providers():
+            raise MissingDependencyError(
+                "onnxrt-cuda: CUDAExecutionProvider is not available in this onnxruntime "
+                f"({ort.__version__}, providers {ort.get_available_providers()}); install onnxruntime-gpu "
+                "(pip install 'hydra-toolchain[gpu]') on a machine with CUDA."
+            )
+        return [_PROVIDERS["cuda"], _PROVIDERS["cpu"]]
+    return [_PROVIDERS["cpu"]]
+
+
+class SessionFromOnnx:
+    """Lazy loader: stores the arguments; calling it builds an ``InferenceSession``.
+
+    Args:
+        path: the ``.onnx`` file (external weights are found next to it).
+        provider: ``"cpu"`` or ``"cuda"``.
+        **options: keyword arguments of :func:`build_session_options`.
+    """
+
+    def __init__(self, path: Path, provider: Provider = "cpu", **options: Any) -> None:
+        self.path = Path(path)
+        self.provider = provider
+        self.options = options
+
+    def __call__(self) -> Any:
+        """Build the session; a bad file raises GraphError naming it."""
+        import onnxruntime as ort
+
+        providers = providers_for(self.provider)
+        options = build_session_options(**self.options)
+        try:
+            session = ort.InferenceSession(str(self.path), options, providers=providers)
+        except Exception as exc:  # ORT raises pybind11 types; diagnose the file for a clear message
+            from toolchain.export.graph import load_checked
+
+            load_checked(self.path, load_weights=False)  # raises the precise GraphError when the file is bad
+            raise GraphError(f"ONNX Runtime cannot load {self.path}: {str(exc).splitlines()[0]}") from exc
+        if self.provider == "cuda" and _PROVIDERS["cuda"] not in session.get_providers():
+            raise MissingDependencyError(
+                f"onnxrt-cuda: the CUDA provider did not initialise for {self.path.name} (no CUDA device or "
+                "driver?); check nvidia-smi and the onnxruntime-gpu CUDA version."
+            )
+        return session

@@ -1,0 +1,137 @@
+"""``TrtRunner``: a serialized TensorRT engine behind the runner contract.
+
+Activation reads the sidecar first and refuses an engine built with another TensorRT version or
+GPU (:func:`~toolchain.engines.tensorrt.sidecar.ensure_compatible`), then deserialises it and
+creates one execution context. Inference uses torch CUDA tensors as device buffers:
+``context.set_input_shape`` and ``set_tensor_address`` per input, output buffers sized from
+``context.get_tensor_shape``, ``execute_async_v3`` on a torch CUDA stream, then one synchronise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from toolchain.engines.base import Runner, ShapeLimits, TensorSpec
+from toolchain.engines.tensorrt._deps import current_identity, import_tensorrt, require_cuda
+from toolchain.engines.tensorrt.sidecar import ensure_compatible, read_sidecar
+from toolchain.errors import EngineError
+from toolchain.export.fileio import sha256_file
+
+_TORCH_TYPES = {  # tensorrt.DataType member name -> (torch dtype name, numpy dtype for specs)
+    "FLOAT": ("float32", np.float32), "HALF": ("float16", np.float16), "BF16": ("bfloat16", np.float32),
+    "INT32": ("int32", np.int32), "INT64": ("int64", np.int64), "INT8": ("int8", np.int8),
+    "UINT8": ("uint8", np.uint8), "BOOL": ("bool", np.bool_),
+}
+
+
+class TrtRunner(Runner):
+    """Run a TensorRT engine file built by :func:`build_engine`.
+
+    Args:
+        engine_path: the serialized engine; ``<engine>.json`` must sit next to it.
+        device: CUDA device index.
+        onnx_path: optional ONNX file the engine must have been built from (sha256 checked).
+        name: runner name in messages.
+    """
+
+    kind = "tensorrt"
+
+    def __init__(self, engine_path: Path, *, device: int = 0, onnx_path: Path | None = None,
+                 name: str | None = None) -> None:
+        super().__init__(name=name)
+        self.engine_path = Path(engine_path)
+        self.device = device
+        self.onnx_path = Path(onnx_path) if onnx_path is not None else None
+        self._trt: Any = None
+        self._runtime: Any = None
+        self._engine: Any = None
+        self._context: Any = None
+        self._stream: Any = None
+        self._inputs: list[str] = []
+        self._outputs: list[str] = []
+
+    def _activate_impl(self) -> None:
+        trt = import_tensorrt()
+        require_cuda(self.device)
+        import torch
+
+        if not self.engine_path.is_file():
+            raise EngineError(f"engine file not found: {self.engine_path}; build it with build_engine.")
+        sidecar = read_sidecar(self.engine_path)
+        ensure_compatible(sidecar, current_identity(trt, self.device), self.engine_path)
+        if self.onnx_path is not None and sha256_file(self.onnx_path) != sidecar.onnx_sha256:
+            raise EngineError(f"engine {self.engine_path.name} was built from another version of "
+                              f"{self.onnx_path.name} (sha256 differs); rebuild it.")
+        logger = trt.Logger(trt.Logger.WARNING)
+        with torch.cuda.device(self.device):
+            runtime = trt.Runtime(logger)
+            engine = runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
+            if engine is None:
+                raise EngineError(f"TensorRT could not deserialise {self.engine_path}; rebuild it on this machine.")
+            context = engine.create_execution_context()
+            if context is None:
+                raise EngineError(f"TensorRT could not create an execution context for {self.engine_path.name} "
+                                  "(out of GPU memory?).")
+            self._stream = torch.cuda.Stream(device=self.device)
+        self._trt, self._runtime, self._engine, self._context = trt, runtime, engine, context
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        self._inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self._outputs = [n for n in names if n not in self._inputs]
+
+    def _deactivate_impl(self) -> None:
+        self._context = self._engine = self._runtime = self._stream = None
+
+    def _dtype(self, name: str) -> tuple[str, Any]:
+        kind = self._engine.get_tensor_dtype(name).name
+        if kind not in _TORCH_TYPES:
+            raise EngineError(f"{self.name}: tensor '{name}' has TensorRT type {kind}, which this runner cannot feed.")
+        return _TORCH_TYPES[kind]
+
+    def _input_specs_impl(self) -> dict[str, TensorSpec]:
+        specs = {}
+        for name in self._inputs:
+            dims = tuple(None if d < 0 else int(d) for d in self._engine.get_tensor_shape(name))
+            specs[name] = TensorSpec(np.dtype(self._dtype(name)[1]), dims)
+        return specs
+
+    def _shape_limits(self) -> dict[str, ShapeLimits]:
+        limits = {}
+        for name in self._inputs:
+            lo, _opt, hi = self._engine.get_tensor_profile_shape(name, 0)
+            limits[name] = ShapeLimits(tuple(int(d) for d in lo), tuple(int(d) for d in hi))
+        return limits
+
+    def output_names(self) -> list[str]:
+        """Engine output names in order."""
+        self._require_active("output_names()")
+        return list(self._outputs)
+
+    def _infer_impl(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        ctx = self._context
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+            keep = []
+            for name in self._inputs:
+                tensor = torch.from_numpy(np.ascontiguousarray(feed[name])).to(f"cuda:{self.device}")
+                if self._dtype(name)[0] == "bfloat16":
+                    tensor = tensor.to(torch.bfloat16)
+                keep.append(tensor)
+                ctx.set_input_shape(name, tuple(tensor.shape))
+                ctx.set_tensor_address(name, tensor.data_ptr())
+            unresolved = ctx.infer_shapes()
+            if unresolved:
+                raise EngineError(f"{self.name}: TensorRT could not infer shapes for {list(unresolved)}.")
+            outputs = {}
+            for name in self._outputs:
+                shape = tuple(ctx.get_tensor_shape(name))
+                out = torch.empty(shape, dtype=getattr(torch, self._dtype(name)[0]), device=f"cuda:{self.device}")
+                ctx.set_tensor_address(name, out.data_ptr())
+                outputs[name] = out
+            if not ctx.execute_async_v3(self._stream.cuda_stream):
+                raise EngineError(f"{self.name}: execute_async_v3 failed for {self.engine_path.name}.")
+            self._stream.synchronize()
+        return {n: (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy() for n, t in outputs.items()}
