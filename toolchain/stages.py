@@ -352,3 +352,133 @@ def plot_member_masks(masks: torch.Tensor, path: Path, title: str) -> Path:
     fig.savefig(tmp, dpi=110)
     tmp.replace(path)
     return path
+
+
+# ---------------------------------------------------------------------------- fusion, export
+def member_masks(ctx: Context) -> torch.Tensor:
+    """``[M, L, H]`` bool keep masks written by the prune stage."""
+    data = read_json(ctx.stage_dir("prune") / "members.json")
+    return torch.tensor([m["keep"] for m in data["members"]], dtype=torch.bool)
+
+
+def build_hydra(ctx: Context, lowering: str | None = None) -> torch.nn.Module:
+    """The fused Hydra model from the prune stage (masks, or recovered member models)."""
+    from toolchain.hydra.fuse import fuse, fuse_members
+
+    f = ctx.recipe.fusion
+    low = lowering or f.lowering
+    prune_dir = ctx.stage_dir("prune")
+    if ctx.recipe.pruning.recovery.steps > 0:
+        members = [load_stage_model(ctx, prune_dir / f"member{i}")[1] for i in range(ctx.recipe.pruning.members)]
+        return fuse_members(members, mlp=f.mlp, layernorm=f.layernorm, lowering=low)
+    _model, adapter, _tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    return fuse(adapter, member_masks(ctx), mlp=f.mlp, layernorm=f.layernorm, lowering=low)
+
+
+@stage("fuse", sections=("model", "data", "finetune", "scoring", "pruning", "fusion"), upstream=("prune",),
+       summary="fuse the M members into one Hydra model")
+def fuse_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """Fused model saved as safetensors + JSON config (reloads without the checkpoint)."""
+    from toolchain.hydra.fuse import format_summary, save_hydra, summary
+
+    model = build_hydra(ctx)
+    save_hydra(model, work / "hydra")
+    info = summary(model)
+    atomic_write_json(work / "summary.json", info)
+    ctx.console.print(format_summary(info))
+    return {"members": ctx.recipe.pruning.members}
+
+
+def example_feed(ctx: Context, batch: int, seq: int | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Generated model inputs of a given shape (text: random tokens with ragged padding)."""
+    g = torch.Generator().manual_seed(seed)
+    m = ctx.recipe.model
+    if _is_text(ctx):
+        seq = seq or m.max_length
+        ids = torch.randint(1000, 20000, (batch, seq), generator=g)
+        mask = torch.ones(batch, seq, dtype=torch.long)
+        for i in range(batch):  # ragged lengths: row i keeps seq - 3 * i tokens (at least 2)
+            mask[i, max(2, seq - 3 * i):] = 0
+        ids[:, 0] = 101
+        ids = ids * mask
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    size = m.image_size or 28
+    return {"pixel_values": torch.randn(batch, m.num_channels if m.family != "clip" else 3, size, size, generator=g)}
+
+
+def _is_text(ctx: Context) -> bool:
+    return ctx.recipe.model.family in ("auto", "bert") and ctx.recipe.data.id in ("tweets", "bbc")
+
+
+def dynamic_axes(ctx: Context, names: list[str]) -> dict[str, dict[int, str]]:
+    """Batch (and sequence for text) are dynamic."""
+    return {n: ({0: "batch", 1: "sequence"} if n != "pixel_values" else {0: "batch"}) for n in names}
+
+
+def trt_profile(ctx: Context, names: list[str]) -> dict[str, tuple]:
+    """The recipe's min/opt/max shapes per input (the TensorRT optimisation profile)."""
+    e = ctx.recipe.export
+    out = {}
+    for n in names:
+        if n == "pixel_values":
+            feed = example_feed(ctx, 1)
+            rest = tuple(feed["pixel_values"].shape[1:])
+            out[n] = ((e.batch.min, *rest), (e.batch.opt, *rest), (e.batch.max, *rest))
+        else:
+            out[n] = ((e.batch.min, e.sequence.min), (e.batch.opt, e.sequence.opt), (e.batch.max, e.sequence.max))
+    return out
+
+
+def export_one(ctx: Context, module: torch.nn.Module, outputs: list[str], path: Path) -> dict[str, Any]:
+    """Export, check at shapes other than the export shape, lint for TensorRT; return facts."""
+    from toolchain.export.lint import lint_tensorrt
+    from toolchain.export.onnx_export import check_dynamic, export_onnx
+
+    e = ctx.recipe.export
+    feed = example_feed(ctx, 2, min(e.sequence.opt, 32))
+    names = [n for n in getattr(module, "input_names", feed) if n in feed]
+    feed = {n: feed[n] for n in names}
+    module.eval()
+    res = export_onnx(module, feed, outputs, path, dynamic_axes=dynamic_axes(ctx, names), opset=e.opset)
+    shapes = [(3, min(e.sequence.max, 21)), (1, min(e.sequence.max, 40))]
+    report = check_dynamic(path, module, lambda s: {n: v for n, v in example_feed(ctx, s[0], s[1], seed=5).items()
+                                                    if n in names}, shapes, atol=1e-4)
+    lint = lint_tensorrt(path, trt_version="10", profile=trt_profile(ctx, names))
+    return {"path": path.name, "outputs": outputs, "inputs": names, "summary": res.summary,
+            "dynamic_check": {"ok": report.ok, "shapes": [list(s) for s in shapes]},
+            "lint_ok": lint.ok, "lint": [str(f) for f in lint.findings]}
+
+
+@stage("export", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export"),
+       upstream=("fuse", "ensemble"), summary="export ONNX graphs: Hydra (both lowerings), single model, members")
+def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """FP32 graphs of Hydra (conv and matmul), the single model and each deep-ensemble member,
+    plus FP16/BF16 variants of Hydra and the single model."""
+    from toolchain.export.precision import write_precision_variant
+    from toolchain.models.wrappers import SingleModel
+
+    e = ctx.recipe.export
+    graphs: dict[str, dict[str, Any]] = {}
+    for low in e.lowerings:
+        hydra = build_hydra(ctx, lowering=low)
+        graphs[f"hydra-{low}"] = {"kind": "hydra", "lowering": low, "precision": "fp32",
+                                  **export_one(ctx, hydra, ["probs", "member_logits"], work / f"hydra-{low}.onnx")}
+    _m, adapter, _t = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    graphs["single"] = {"kind": "single", "precision": "fp32",
+                        **export_one(ctx, SingleModel(adapter), ["logits", "probs"], work / "single.onnx")}
+    for i in range(1, ctx.recipe.pruning.members):
+        _m, member, _t = load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")
+        graphs[f"member{i}"] = {"kind": "member", "precision": "fp32",
+                                **export_one(ctx, SingleModel(member), ["logits", "probs"], work / f"member{i}.onnx")}
+    for base in [f"hydra-{low}" for low in e.lowerings] + ["single"]:
+        for prec in [p for p in e.precisions if p != "fp32"]:
+            name = f"{base}.{prec}"
+            res = write_precision_variant(work / f"{base}.onnx", work / f"{name}.onnx", prec)
+            graphs[name] = {**{k: v for k, v in graphs[base].items() if k in ("kind", "lowering", "outputs", "inputs")},
+                            "precision": prec, "path": f"{name}.onnx", "precision_report": res.report()}
+    atomic_write_json(work / "graphs.json", graphs)
+    for name, g in graphs.items():
+        extra = "" if g["precision"] != "fp32" else (
+            f", dynamic check {'ok' if g['dynamic_check']['ok'] else 'FAILED'}, lint {'ok' if g['lint_ok'] else 'FAILED'}")
+        ctx.console.print(f"  {name}.onnx ({g['precision']}){extra}")
+    return {"graphs": sorted(graphs)}
