@@ -27,7 +27,9 @@ class _Strict(BaseModel):
 class ModelSection(_Strict):
     """Which checkpoint to start from."""
 
-    source: str = Field(description="local Hugging Face folder, or 'packaged:all-MiniLM-L6-v2'")
+    source: str | None = Field(
+        None, description="local Hugging Face folder, or 'packaged:all-MiniLM-L6-v2' (CLIP: the prompt tokenizer)"
+    )
     family: Literal["auto", "bert", "vit", "clip"] = "auto"
     #: build the model from this Hugging Face config dict instead of a checkpoint (ViT, tiny CLIP)
     from_config: dict[str, Any] | None = None
@@ -35,6 +37,14 @@ class ModelSection(_Strict):
     image_size: int | None = Field(None, ge=4, description="images: side length fed to the model")
     num_channels: int = Field(1, ge=1, le=4)
     prompt_template: str = "a photo of a {}"
+
+    @model_validator(mode="after")
+    def _source_or_config(self) -> ModelSection:
+        if self.source is None and self.from_config is None:
+            raise ValueError("give model.source (a checkpoint) or model.from_config (a Hugging Face config dict)")
+        if self.from_config is not None and self.family == "auto":
+            raise ValueError("set model.family (bert, vit or clip) when the model is built from_config")
+        return self
 
 
 class DataSection(_Strict):

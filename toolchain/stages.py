@@ -30,8 +30,6 @@ def build_base_model(ctx: Context) -> tuple[torch.nn.Module, ModelAdapter, Any]:
         import transformers
 
         family = r.model.family
-        if family == "auto":
-            raise RecipeError("field 'model.family': set it (vit or clip) when the model is built from_config.")
         cfg_cls = {"bert": "BertConfig", "vit": "ViTConfig", "clip": "CLIPConfig"}[family]
         model_cls = {"bert": "BertForSequenceClassification", "vit": "ViTForImageClassification",
                      "clip": "CLIPModel"}[family]
@@ -53,6 +51,9 @@ def build_base_model(ctx: Context) -> tuple[torch.nn.Module, ModelAdapter, Any]:
 def _prompt_tokenizer(ctx: Context) -> Any:
     from toolchain.models import load_tokenizer, resolve_source
 
+    if ctx.recipe.model.source is None:
+        raise RecipeError("field 'model.source': CLIP needs a tokenizer for its class prompts (e.g. "
+                          "'packaged:all-MiniLM-L6-v2').")
     return load_tokenizer(resolve_source(ctx.recipe.model.source))
 
 
@@ -407,7 +408,9 @@ def example_feed(ctx: Context, batch: int, seq: int | None = None, seed: int = 0
 
 
 def _is_text(ctx: Context) -> bool:
-    return ctx.recipe.model.family in ("auto", "bert") and ctx.recipe.data.id in ("tweets", "bbc")
+    from toolchain.data import TextData
+
+    return isinstance(ctx.data["train"], TextData)
 
 
 def dynamic_axes(ctx: Context, names: list[str]) -> dict[str, dict[int, str]]:
@@ -452,8 +455,11 @@ def export_one(ctx: Context, module: torch.nn.Module, outputs: list[str], path: 
 @stage("export", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export"),
        upstream=("fuse", "ensemble"), summary="export ONNX graphs: Hydra (both lowerings), single model, members")
 def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
-    """FP32 graphs of Hydra (conv and matmul), the single model and each deep-ensemble member,
-    plus FP16/BF16 variants of Hydra and the single model."""
+    """Export every graph the later stages run.
+
+    FP32 graphs of Hydra (each lowering), the single model and each deep-ensemble member, plus
+    FP16/BF16 variants of Hydra and the single model.
+    """
     from toolchain.export.precision import write_precision_variant
     from toolchain.models.wrappers import SingleModel
 
@@ -474,8 +480,8 @@ def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
         for prec in [p for p in e.precisions if p != "fp32"]:
             name = f"{base}.{prec}"
             res = write_precision_variant(work / f"{base}.onnx", work / f"{name}.onnx", prec)
-            graphs[name] = {**{k: v for k, v in graphs[base].items() if k in ("kind", "lowering", "outputs", "inputs")},
-                            "precision": prec, "path": f"{name}.onnx", "precision_report": res.report()}
+            keep = {k: v for k, v in graphs[base].items() if k in ("kind", "lowering", "outputs", "inputs")}
+            graphs[name] = {**keep, "precision": prec, "path": f"{name}.onnx", "precision_report": res.report()}
     atomic_write_json(work / "graphs.json", graphs)
     for name, g in graphs.items():
         extra = "" if g["precision"] != "fp32" else (
