@@ -275,7 +275,7 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
     from toolchain.pruning.members import make_members
 
     r = ctx.recipe
-    model, adapter, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    _model, adapter, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
     crit = r.scoring.criterion
     params = _criterion_params(ctx, crit, adapter.heads_per_layer())
     if r.pruning.strategy == "seeds":
@@ -484,7 +484,9 @@ def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
             graphs[name] = {**keep, "precision": prec, "path": f"{name}.onnx", "precision_report": res.report()}
     atomic_write_json(work / "graphs.json", graphs)
     for name, g in graphs.items():
-        extra = "" if g["precision"] != "fp32" else (
-            f", dynamic check {'ok' if g['dynamic_check']['ok'] else 'FAILED'}, lint {'ok' if g['lint_ok'] else 'FAILED'}")
+        extra = ""
+        if g["precision"] == "fp32":
+            dyn = "ok" if g["dynamic_check"]["ok"] else "FAILED"
+            extra = f", dynamic check {dyn}, lint {'ok' if g['lint_ok'] else 'FAILED'}"
         ctx.console.print(f"  {name}.onnx ({g['precision']}){extra}")
     return {"graphs": sorted(graphs)}
