@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from rich.table import Table
 
@@ -490,3 +491,80 @@ def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
             extra = f", dynamic check {dyn}, lint {'ok' if g['lint_ok'] else 'FAILED'}"
         ctx.console.print(f"  {name}.onnx ({g['precision']}){extra}")
     return {"graphs": sorted(graphs)}
+
+
+# ---------------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def _outputs(ctx: Context, module: torch.nn.Module, split: str, tok: Any, names: list[str],
+             batch_size: int = 64) -> dict[str, np.ndarray]:
+    """Run a dict-output module over a split; concatenate each output."""
+    module.eval()
+    outs: dict[str, list] = {}
+    for batch, _ in ctx.batches(ctx.data[split], batch_size, tok):
+        res = module(**{k: v for k, v in batch.items() if k in names})
+        for k, v in res.items():
+            outs.setdefault(k, []).append(v.float().numpy())
+    return {k: np.concatenate(v) for k, v in outs.items()}
+
+
+@stage("evaluate", sections=("model", "data", "finetune", "scoring", "pruning", "fusion"),
+       upstream=("fuse", "ensemble"), summary="uncertainty metrics: single model, deep ensemble, Hydra (PyTorch)")
+def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """UQ metrics on the ID test split and the OOD test split, with plots and per-sample outputs."""
+    from toolchain.hydra.fuse import load_hydra
+    from toolchain.metrics import reliability_bins, uq_report
+    from toolchain.metrics.plots import plot_ood_histograms, plot_reliability
+    from toolchain.models.wrappers import SingleModel
+
+    has_ood = "ood_test" in ctx.data
+    splits = ["test"] + (["ood_test"] if has_ood else [])
+    _m, base, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    names = list(base.input_names)
+    single = {s: _outputs(ctx, SingleModel(base), s, tok, names) for s in splits}
+    members = []
+    for i in range(ctx.recipe.pruning.members):
+        _m, a, _t = load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")
+        members.append({s: _outputs(ctx, SingleModel(a), s, tok, names)["logits"] for s in splits})
+    hydra = load_hydra(ctx.stage_dir("fuse") / "hydra")
+    hyd = {s: _outputs(ctx, hydra, s, tok, names) for s in splits}
+    labels = np.asarray(ctx.data["test"].labels)
+
+    def softmax(x: np.ndarray) -> np.ndarray:
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    variants: dict[str, dict[str, np.ndarray | None]] = {
+        "single": {"probs_id": single["test"]["probs"], "probs_ood": single.get("ood_test", {}).get("probs")},
+    }
+    de_id = np.stack([m["test"] for m in members], 1)
+    de_ood = np.stack([m["ood_test"] for m in members], 1) if has_ood else None
+    variants["deep-ensemble"] = {"probs_id": softmax(de_id).mean(1), "probs_ood": None if de_ood is None
+                                 else softmax(de_ood).mean(1), "member_logits_id": de_id, "member_logits_ood": de_ood}
+    variants["hydra"] = {"probs_id": hyd["test"]["probs"], "probs_ood": hyd.get("ood_test", {}).get("probs"),
+                         "member_logits_id": hyd["test"]["member_logits"],
+                         "member_logits_ood": hyd.get("ood_test", {}).get("member_logits")}
+    metrics: dict[str, Any] = {}
+    for name, v in variants.items():
+        kw = {k: val for k, val in v.items() if val is not None and k != "probs_id"}
+        if ctx.recipe.pruning.members < 2:
+            kw.pop("member_logits_id", None)
+            kw.pop("member_logits_ood", None)
+        metrics[name] = uq_report(v["probs_id"], labels, **kw)
+        plot_reliability(reliability_bins(v["probs_id"], labels), work / f"reliability-{name}.png",
+                         title=f"{ctx.recipe.name}: {name}")
+        if v.get("probs_ood") is not None:
+            plot_ood_histograms(-v["probs_id"].max(-1), -v["probs_ood"].max(-1), work / f"ood-hist-{name}.png",
+                                title=f"{name}: -max probability, ID vs OOD")
+    # each Hydra member on its own: the ensemble gain is ensemble minus the mean member
+    per_member = []
+    for i in range(hyd["test"]["member_logits"].shape[1]):
+        ood_p = softmax(hyd["ood_test"]["member_logits"][:, i]) if has_ood else None
+        per_member.append(uq_report(softmax(hyd["test"]["member_logits"][:, i]), labels, probs_ood=ood_p))
+    metrics["hydra-members-mean"] = {k: float(np.mean([p[k] for p in per_member])) for k in per_member[0]}
+    atomic_write_json(work / "metrics.json", metrics)
+    np.savez_compressed(work / "outputs.npz", labels=labels,
+                        **{f"{n}_{k}": v for n, d in variants.items() for k, v in d.items() if v is not None})
+    keys = ["accuracy", "nll", "ece", "brier", "auroc_msp", "fpr95_msp"]
+    for name, m in metrics.items():
+        ctx.console.print(f"  {name:>18}: " + "  ".join(f"{k} {m[k]:.4f}" for k in keys if k in m))
+    return {"variants": sorted(metrics)}
