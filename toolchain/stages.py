@@ -568,3 +568,15 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     for name, m in metrics.items():
         ctx.console.print(f"  {name:>18}: " + "  ".join(f"{k} {m[k]:.4f}" for k in keys if k in m))
     return {"variants": sorted(metrics)}
+
+
+# ---------------------------------------------------------------------------- report
+@stage("report", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines", "bench"),
+       upstream=("evaluate",), summary="results report (Markdown + HTML with plots)")
+def report_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """``report.md`` and ``report.html`` from every stage's outputs."""
+    from toolchain.report import build_report
+
+    paths = build_report(ctx.root, work, title=f"hydra-toolchain report: {ctx.recipe.name}")
+    ctx.console.print(f"  report: {ctx.stage_dir('report') / paths['md'].name}")
+    return {}
