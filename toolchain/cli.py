@@ -96,7 +96,12 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     try:
-        app(args=args, standalone_mode=False, prog_name="hydra-toolchain")
+        # typer turns KeyboardInterrupt (and our SIGTERM) into a returned exit code 130 here
+        rv = app(args=args, standalone_mode=False, prog_name="hydra-toolchain")
+        if rv == 130:
+            raise KeyboardInterrupt
+        if isinstance(rv, int) and rv != 0:
+            sys.exit(rv)
     except ToolchainError as exc:
         if debug:
             raise

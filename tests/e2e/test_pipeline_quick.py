@@ -1,0 +1,108 @@
+"""End to end: the ``quick`` profiles through the CLI; caching, reruns and interrupted runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _recipe(tmp_path: Path, name: str, **overrides: dict) -> Path:
+    data = yaml.safe_load((ROOT / "recipes" / name).read_text())
+    data["artifacts_dir"] = str(tmp_path / "artifacts")
+    for section, values in overrides.items():
+        data.setdefault(section, {}).update(values)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "toolchain", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=timeout)
+
+
+def _statuses(stderr: str) -> dict[str, str]:
+    out = {}
+    for line in stderr.splitlines():
+        line = line.strip()
+        if line.startswith("> ") and ":" in line:
+            out[line[2:].split(":")[0]] = "ran"
+        elif line.startswith("- ") and "up to date, skipped" in line:
+            out[line[2:].split(":")[0]] = "skipped"
+    return out
+
+
+def test_text_quick_end_to_end_then_everything_skips(tmp_path):
+    recipe = _recipe(tmp_path, "minilm-tweets.yaml")
+    first = _cli("run", str(recipe), "--profile", "quick")
+    assert first.returncode == 0, first.stderr[-3000:]
+    art = tmp_path / "artifacts" / "minilm-tweets-quick"
+    metrics = json.loads((art / "evaluate" / "metrics.json").read_text())
+    assert {"single", "deep-ensemble", "hydra"} <= set(metrics)
+    assert (art / "report" / "report.md").read_text().count("| hydra |") == 1
+    graphs = json.loads((art / "export" / "graphs.json").read_text())
+    assert graphs["hydra-conv"]["summary"]["grouped_conv"] > 0
+    assert all(g["dynamic_check"]["ok"] for g in graphs.values() if g["precision"] == "fp32")
+    second = _cli("run", str(recipe), "--profile", "quick")
+    assert second.returncode == 0
+    st = _statuses(second.stderr)
+    assert st and set(st.values()) == {"skipped"}, st
+    assert _cli("verify", str(art)).returncode == 0
+
+
+def test_image_quick_reruns_exactly_downstream_and_resumes_after_kill(tmp_path):
+    recipe = _recipe(tmp_path, "vit-fashion-mnist.yaml")
+    first = _cli("run", str(recipe), "--profile", "quick")
+    assert first.returncode == 0, first.stderr[-3000:]
+    art = tmp_path / "artifacts" / "vit-fashion-mnist-quick"
+    before = {p: p.stat().st_mtime_ns for p in art.glob("*/manifest.json")}
+
+    # one field of the scoring section: score and everything after it rerun, nothing before
+    changed = _recipe(tmp_path, "vit-fashion-mnist.yaml", scoring={"alpha": 0.8})
+    rerun = _cli("run", str(changed), "--profile", "quick")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    st = _statuses(rerun.stderr)
+    assert [s for s, v in st.items() if v == "skipped"] == ["load", "finetune", "ensemble"], st
+    assert {"score", "prune", "fuse", "export", "evaluate", "report"} <= {s for s, v in st.items() if v == "ran"}
+    assert before[art / "finetune" / "manifest.json"] == (art / "finetune" / "manifest.json").stat().st_mtime_ns
+
+    # kill the run in the middle of the export stage: the previous export stays complete
+    again = _recipe(tmp_path, "vit-fashion-mnist.yaml", scoring={"alpha": 0.3})
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen([sys.executable, "-m", "toolchain", "run", str(again), "--profile", "quick"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(art.glob(".export.tmp-*")):
+        time.sleep(0.05)
+    assert list(art.glob(".export.tmp-*")), "the export stage never started"
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert not list(art.glob(".*.tmp-*")), "no half-written stage folder may stay behind"
+    assert not (art / ".lock").exists()
+    assert _cli("verify", str(art)).returncode == 0  # every published stage is intact
+    resumed = _cli("run", str(again), "--profile", "quick")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    st = _statuses(resumed.stderr)
+    assert st["score"] == "skipped" and st["prune"] == "skipped" and st["export"] == "ran", st
+
+
+def test_clip_quick_structural_run(tmp_path):
+    recipe = _recipe(tmp_path, "clip-tiny.yaml")
+    out = _cli("run", str(recipe), "--profile", "quick")
+    assert out.returncode == 0, out.stderr[-3000:]
+    art = tmp_path / "artifacts" / "clip-tiny-quick"
+    graphs = json.loads((art / "export" / "graphs.json").read_text())
+    assert "hydra-conv" in graphs and graphs["hydra-conv"]["dynamic_check"]["ok"]

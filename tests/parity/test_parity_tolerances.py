@@ -1,0 +1,175 @@
+"""The pass rule: per output with a "" default, atol AND rtol, each statistic, NaN/Inf, UQ deltas."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from toolchain.errors import ToolchainError
+from toolchain.parity.numeric import compare_output, polygraphy_cross_check
+from toolchain.parity.tolerances import (
+    DEFAULT_UQ_TOLERANCES,
+    MetricTolerance,
+    Tolerance,
+    ToleranceError,
+    default_tolerances,
+    evaluate_metric,
+    evaluate_rule,
+    first_nonfinite,
+    normalised_error,
+    parse_tolerances,
+    parse_uq_tolerances,
+    resolve_metric_tolerance,
+    resolve_tolerance,
+)
+
+
+class TestResolve:
+    def test_output_key_wins_over_default(self):
+        tols = {"": Tolerance(1e-3, 0.0), "probs": Tolerance(1e-6, 0.0)}
+        assert resolve_tolerance(tols, "probs").atol == 1e-6
+        assert resolve_tolerance(tols, "member_logits").atol == 1e-3
+
+    def test_no_default_key_names_the_output(self):
+        with pytest.raises(ToleranceError, match="'hidden'") as info:
+            resolve_tolerance({"probs": Tolerance(1e-3, 0.0)}, "hidden")
+        assert info.value.exit_code == 2
+
+    def test_uq_metric_family_then_default(self):
+        tols = {"": MetricTolerance(0.1), "auroc": MetricTolerance(0.01), "auroc_mi": MetricTolerance(0.02)}
+        assert resolve_metric_tolerance(tols, "auroc_mi").atol == 0.02
+        assert resolve_metric_tolerance(tols, "auroc_msp").atol == 0.01
+        assert resolve_metric_tolerance(tols, "ece").atol == 0.1
+        assert resolve_metric_tolerance(DEFAULT_UQ_TOLERANCES, "failure_auroc").atol == 0.005
+
+    def test_parse_merges_over_precision_defaults(self):
+        tols = parse_tolerances({"probs": {"atol": 1e-3, "rtol": 0.0, "stat": "mean"}}, "fp16")
+        assert tols["probs"] == Tolerance(1e-3, 0.0, "mean")
+        assert tols["logits"] == default_tolerances("fp16")["logits"]
+        uq = parse_uq_tolerances({"auroc": 0.01, "nll": {"atol": 0.0, "rtol": 0.05}})
+        assert uq["auroc"].atol == 0.01 and uq["nll"].rtol == 0.05 and uq["ece"].atol == 0.005
+
+    @pytest.mark.parametrize("bad", [
+        {"atol": -1.0, "rtol": 0.0}, {"atol": math.nan, "rtol": 0.0}, {"atol": 0.1, "rtol": 0.0, "stat": "p99"},
+        {"atol": 0.1, "rtol": 0.0, "stat": "quantile", "quantile": 0.0}, {"atol": 0.1},
+        {"atol": 0.1, "rtol": 0, "x": 1},
+    ])
+    def test_bad_tolerances_raise_with_exit_2(self, bad):
+        with pytest.raises(ToleranceError) as info:
+            parse_tolerances({"probs": bad})
+        assert info.value.exit_code == 2
+
+    def test_defaults_are_ordered_by_precision(self):
+        for out in ("logits", "probs", ""):
+            fp32, fp16, bf16 = (default_tolerances(p)[out] for p in ("fp32", "fp16", "bf16"))
+            assert fp32.atol < fp16.atol < bf16.atol
+        assert default_tolerances("fp32")["logits"].atol == 1e-4
+        assert default_tolerances("fp32")["probs"].atol == 1e-5
+        with pytest.raises(ToleranceError):
+            default_tolerances("int8")
+
+
+class TestElementwiseRule:
+    def test_atol_only(self):
+        ref = np.array([0.0, 100.0])
+        assert evaluate_rule(ref + 0.1, ref, Tolerance(0.1, 0.0)).passed
+        assert not evaluate_rule(ref + 0.1001, ref, Tolerance(0.1, 0.0)).passed
+
+    def test_rtol_only_scales_with_the_reference(self):
+        ref = np.array([2.0, -8.0])
+        cand = np.array([3.0, -12.0])  # 50% of each |reference| (exact in binary)
+        assert evaluate_rule(cand, ref, Tolerance(0.0, 0.5)).passed
+        assert not evaluate_rule(cand + np.array([0.0, -0.01]), ref, Tolerance(0.0, 0.5)).passed
+
+    def test_bound_is_atol_plus_rtol_times_ref(self):
+        ref = np.array([2.0])
+        tol = Tolerance(0.25, 0.125)  # bound 0.25 + 0.125 * 2 = 0.5 (exact in binary)
+        assert evaluate_rule(ref + 0.5, ref, tol).passed
+        assert not evaluate_rule(ref + 0.5001, ref, tol).passed
+        assert evaluate_rule(ref + 0.5, ref, tol).value == 1.0
+        assert not evaluate_rule(ref + 0.3, ref, Tolerance(0.25, 0.0)).passed  # atol alone is not enough
+        assert not evaluate_rule(ref + 0.3, ref, Tolerance(0.0, 0.125)).passed  # nor rtol alone
+
+    def test_zero_tolerance_and_zero_reference(self):
+        assert normalised_error(np.array([0.0]), np.array([0.0]), 0.0, 0.0)[0] == 0.0
+        assert normalised_error(np.array([1e-9]), np.array([0.0]), 0.0, 0.0)[0] == math.inf
+
+    def test_more_lenient_than_polygraphy_by_at_most_2x(self):
+        # |c-r| = 0.15 with atol = rtol*|r| = 0.1: Polygraphy fails (both exceeded), we pass (<= 0.2).
+        ref, cand = [{"y": np.array([1.0], np.float32)}], [{"y": np.array([1.15], np.float32)}]
+        tol = {"": Tolerance(0.1, 0.1)}
+        assert evaluate_rule(cand[0]["y"], ref[0]["y"], tol[""]).passed
+        assert polygraphy_cross_check(ref, cand, tol, ["y"])["y"]["passed"] is False
+        # ... and Polygraphy passes with doubled tolerances whatever we pass
+        assert polygraphy_cross_check(ref, cand, {"": Tolerance(0.2, 0.2)}, ["y"])["y"]["passed"] is True
+
+
+class TestStatistics:
+    # 10 elements: nine errors of 0.05, one outlier of 1.0; atol 0.1 -> normalised 0.5 x9, 10 x1
+    REF = np.zeros(10)
+    CAND = np.array([0.05] * 9 + [1.0])
+
+    @pytest.mark.parametrize(("stat", "quantile", "passed", "value"), [
+        ("max", 0.99, False, 10.0),
+        ("mean", 0.99, False, (9 * 0.5 + 10) / 10),
+        ("median", 0.99, True, 0.5),
+        ("quantile", 0.9, True, 0.5),
+        ("quantile", 0.95, False, 10.0),
+    ])
+    def test_each_statistic(self, stat, quantile, passed, value):
+        result = evaluate_rule(self.CAND, self.REF, Tolerance(0.1, 0.0, stat, quantile))
+        assert result.passed is passed
+        assert result.value == pytest.approx(value)
+
+    def test_mean_passes_when_average_is_small(self):
+        cand = np.array([0.05] * 19 + [1.0])
+        assert evaluate_rule(cand, np.zeros(20), Tolerance(0.1, 0.0, "mean")).passed
+
+
+class TestNonFinite:
+    @pytest.mark.parametrize("stat", ["max", "mean", "median", "quantile"])
+    @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+    def test_nan_and_inf_always_fail_with_the_first_index(self, stat, bad):
+        ref = np.zeros((4, 3), np.float32)
+        cand = ref.copy()
+        cand[1, 2] = bad
+        cand[3, 0] = math.nan
+        result = evaluate_rule(cand, ref, Tolerance(1e9, 1e9, stat))
+        assert not result.passed
+        assert result.nonfinite[0] == (1, 2)
+
+    def test_first_nonfinite_is_row_major(self):
+        arr = np.zeros((2, 2, 2))
+        arr[1, 0, 1] = math.inf
+        arr[0, 1, 1] = math.nan
+        index, value = first_nonfinite(arr)
+        assert index == (0, 1, 1) and math.isnan(value)
+        assert first_nonfinite(np.arange(3)) is None
+
+    def test_message_names_output_feed_and_index(self):
+        refs = [np.zeros((2, 3), np.float32), np.zeros((4, 3), np.float32)]
+        cands = [refs[0].copy(), refs[1].copy()]
+        cands[1][2, 1] = math.nan
+        comp = compare_output("probs", refs, cands, ["generated[0]", "id[0]"], Tolerance(1.0, 1.0, "mean"))
+        assert not comp.passed
+        assert comp.nonfinite == {"feed": "id[0]", "index": [2, 1], "value": "nan"}
+        assert "output 'probs'" in comp.message() and "id[0] index (2, 1)" in comp.message()
+
+
+class TestMetricDelta:
+    def test_absolute_and_relative(self):
+        assert evaluate_metric(0.80, 0.804, MetricTolerance(0.005)) == (True, pytest.approx(0.004), 0.005)
+        assert not evaluate_metric(0.80, 0.806, MetricTolerance(0.005))[0]
+        passed, _delta, limit = evaluate_metric(2.0, 2.03, MetricTolerance(0.0, 0.02))
+        assert passed and limit == pytest.approx(0.04)
+
+    def test_nan_metrics(self):
+        assert evaluate_metric(math.nan, math.nan, MetricTolerance(0.005))[0]
+        assert not evaluate_metric(0.5, math.nan, MetricTolerance(0.005))[0]
+        assert not evaluate_metric(math.nan, 0.5, MetricTolerance(0.005))[0]
+
+
+def test_tolerance_error_is_a_toolchain_error():
+    assert issubclass(ToleranceError, ToolchainError)

@@ -1,0 +1,271 @@
+"""Precision rescue: the smallest set of nodes to keep in FP32 so an FP16/BF16 graph passes parity.
+
+When a low-precision variant fails numeric or UQ parity, :func:`rescue_precision` searches over
+the nodes that the precision pass put in low precision (``PrecisionResult.low_nodes``, in the
+graph's topological order) for a small set ``S`` such that
+``convert_precision(src, target, keep_fp32_nodes=S)`` passes every parity check. Each
+evaluation re-creates the variant from the FP32 source, runs it on the same feeds and compares
+it with the reference outputs (computed once).
+
+Search (every decision is logged and returned in ``RescueResult.evaluations``):
+
+1. the unrescued variant must fail (else nothing to do) and keeping every candidate node in FP32
+   must pass (else the problem is not precision: :class:`~toolchain.errors.CheckFailed`);
+2. prefix bisection: the shortest prefix ``nodes[:k]`` (topological order) that passes, in
+   ``log2(n)`` evaluations. Errors start somewhere and propagate downstream, so a prefix that
+   covers the culprits suffices;
+3. shrink with delta debugging (ddmin) over node groups of that prefix: split it into ``g``
+   groups; keep only one group if that passes, else drop one group if the rest passes, else
+   double ``g``; stop when no single node can be dropped (a 1-minimal set: removing any one node
+   fails parity).
+
+The search assumes that keeping more nodes in FP32 never hurts (true in practice, not a
+theorem); each step only accepts sets that were run and passed, so the result always passes.
+The default evaluator is :class:`~toolchain.parity.reference_engine.ReferenceEvaluatorRunner`
+(true FP16/BF16 arithmetic; ONNX Runtime's CPU provider computes FP16 chains in FP32 and would
+hide overflows). Pass ``runner_factory`` to search with another engine (e.g. TensorRT on a GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import onnx
+
+from toolchain.engines.base import Runner
+from toolchain.errors import CheckFailed, ToolchainError
+from toolchain.export import convert_precision, load_checked, write_precision_variant
+from toolchain.export.fileio import atomic_write_json
+from toolchain.parity.reference_engine import ReferenceEvaluatorRunner
+from toolchain.parity.runner import ParityData, check_candidate, engine_tolerances, run_reference
+from toolchain.parity.tolerances import MetricTolerance, parse_uq_tolerances
+from toolchain.parity.uq import UQOutputs
+from toolchain.parity.verdict import Check
+
+__all__ = ["RescueResult", "rescue_precision"]
+
+log = logging.getLogger(__name__)
+
+Feed = Mapping[str, np.ndarray]
+RunnerFactory = Callable[[Path], Runner]
+
+
+@dataclass
+class RescueResult:
+    """What the rescue found and wrote."""
+
+    target: str
+    kept_fp32_nodes: tuple[str, ...]
+    path: Path | None
+    candidates: int
+    initial_failures: list[Check]
+    final_checks: list[Check]
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """True when the written variant passed every check."""
+        return bool(self.final_checks) and all(c.status == "pass" for c in self.final_checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (the search log included)."""
+        return {
+            "target": self.target, "kept_fp32_nodes": list(self.kept_fp32_nodes), "path": str(self.path),
+            "candidates": self.candidates, "passed": self.passed, "seconds": self.seconds,
+            "initial_failures": [f"{c.name}: {c.message}" for c in self.initial_failures],
+            "evaluations": self.evaluations,
+        }
+
+
+class _Search:
+    """Memoised evaluation of keep-sets, with a budget."""
+
+    def __init__(self, evaluate: Callable[[tuple[str, ...]], list[Check]], order: Sequence[str], budget: int) -> None:
+        self.evaluate = evaluate
+        self.rank = {name: i for i, name in enumerate(order)}
+        self.budget = budget
+        self.cache: dict[frozenset[str], bool] = {}
+        self.log: list[dict[str, Any]] = []
+        self.last_checks: dict[frozenset[str], list[Check]] = {}
+
+    def passes(self, nodes: Iterable[str], stage: str) -> bool:
+        keep = frozenset(nodes)
+        if keep in self.cache:
+            return self.cache[keep]
+        if len(self.cache) >= self.budget:
+            raise _BudgetSpent
+        ordered = tuple(sorted(keep, key=self.rank.__getitem__))
+        checks = self.evaluate(ordered)
+        ok = all(c.status == "pass" for c in checks)
+        failed = [c.name for c in checks if c.status != "pass"]
+        self.cache[keep] = ok
+        self.last_checks[keep] = checks
+        self.log.append({"stage": stage, "kept": len(keep), "passed": ok, "failed_checks": failed[:10],
+                         "nodes": list(ordered) if len(ordered) <= 16 else f"{len(ordered)} nodes"})
+        log.info("rescue %s: %d nodes FP32 -> %s%s", stage, len(keep), "pass" if ok else "fail",
+                 "" if ok else f" ({', '.join(failed[:4])})")
+        return ok
+
+
+class _BudgetSpent(Exception):
+    """The evaluation budget is spent; keep the best passing set found so far."""
+
+
+def _split(items: list[str], groups: int) -> list[list[str]]:
+    size, extra = divmod(len(items), groups)
+    out, start = [], 0
+    for i in range(groups):
+        stop = start + size + (1 if i < extra else 0)
+        if stop > start:
+            out.append(items[start:stop])
+        start = stop
+    return out
+
+
+def _prefix(search: _Search, nodes: list[str]) -> list[str]:
+    """Shortest passing prefix by bisection (``nodes`` itself passes, the empty set fails)."""
+    lo, hi = 0, len(nodes)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if search.passes(nodes[:mid], "prefix"):
+            hi = mid
+        else:
+            lo = mid
+    return nodes[:hi]
+
+
+def _ddmin(search: _Search, keep: list[str]) -> list[str]:
+    """Delta debugging: shrink ``keep`` (which passes) to a 1-minimal passing set."""
+    groups = 2
+    while len(keep) >= 2:
+        chunks = _split(keep, min(groups, len(keep)))
+        reduced = False
+        for chunk in chunks:
+            if len(chunk) < len(keep) and search.passes(chunk, f"shrink g={len(chunks)} keep-group"):
+                keep, groups, reduced = chunk, 2, True
+                break
+        if not reduced:
+            for chunk in chunks:
+                rest = [n for n in keep if n not in chunk]
+                if rest and search.passes(rest, f"shrink g={len(chunks)} drop-group"):
+                    keep, groups, reduced = rest, max(groups - 1, 2), True
+                    break
+        if not reduced:
+            if groups >= len(keep):
+                break
+            groups = min(groups * 2, len(keep))
+    return keep
+
+
+def rescue_precision(
+    src: Path,
+    dst: Path,
+    target: Literal["fp16", "bf16"],
+    reference: Runner,
+    generated_feeds: Sequence[Feed],
+    id_feeds: Sequence[tuple[Feed, np.ndarray]] = (),
+    ood_feeds: Sequence[Feed] = (),
+    tolerances: Mapping[str, Any] | None = None,
+    uq_tolerances: Mapping[str, MetricTolerance] | None = None,
+    *,
+    keep_fp32_ops: Iterable[str] | Mapping[str, str] | None = None,
+    keep_fp32_nodes: Iterable[str] = (),
+    runner_factory: RunnerFactory | None = None,
+    uq_outputs: UQOutputs | None = None,
+    n_bins: int = 15,
+    max_evaluations: int = 200,
+) -> RescueResult:
+    """Find a small set of nodes to keep in FP32 so the ``target`` variant of ``src`` passes parity.
+
+    Args:
+        src: the FP32 ONNX file.
+        dst: where the passing variant is written (with ``<stem>.precision.json`` and
+            ``<stem>.rescue.json``, the search log).
+        target: ``"fp16"`` or ``"bf16"``.
+        reference: the FP32 reference runner (torch module or the FP32 graph).
+        generated_feeds: feeds at several shapes, as in :func:`~toolchain.parity.runner.run_parity`.
+        id_feeds: ``(feed, labels)`` ID batches (UQ checks); may be empty.
+        ood_feeds: OOD batches; may be empty.
+        tolerances: per-output overrides of the ``target`` defaults.
+        uq_tolerances: per-metric overrides of the UQ defaults.
+        keep_fp32_ops: the operator list of the failing conversion (None = the pass's defaults).
+        keep_fp32_nodes: nodes the caller already keeps in FP32 (always kept).
+        runner_factory: ``path -> Runner`` for each evaluated variant (default: onnx.reference).
+        uq_outputs: output names for the UQ report.
+        n_bins: ECE bins.
+        max_evaluations: budget of variants to evaluate; when spent, the best passing set so far.
+
+    Returns:
+        :class:`RescueResult` with the kept node names (topological order) and the written path;
+        ``kept_fp32_nodes`` is empty when the unrescued variant already passes.
+
+    Raises:
+        CheckFailed: even with every candidate node in FP32 the variant fails (not a precision
+            problem: a wrong weight, a broken op...).
+        ToolchainError: bad inputs, or the reference cannot run.
+    """
+    started = time.perf_counter()
+    src, dst = Path(src), Path(dst)
+    source = load_checked(src)
+    base_keep = tuple(keep_fp32_nodes)
+    conv_kw: dict[str, Any] = {"keep_fp32_ops": keep_fp32_ops}
+    factory = runner_factory or (lambda path: ReferenceEvaluatorRunner(path, name=f"rescue-{target}"))
+    tols = engine_tolerances(["candidate"], tolerances, {"candidate": target})["candidate"]
+    uq_tols = parse_uq_tolerances(uq_tolerances)
+    data = ParityData.build(generated_feeds, id_feeds, ood_feeds)
+    ref, problems = run_reference(reference, data)
+    if ref is None:
+        raise ToolchainError("rescue: the reference cannot run: " + "; ".join(c.message for c in problems))
+    first = convert_precision(source, target, keep_fp32_nodes=base_keep, **conv_kw)
+    nodes = [n for n in first.low_nodes if n not in base_keep]
+    log.info("rescue %s of %s: %d low-precision candidate nodes", target, src.name, len(nodes))
+
+    with tempfile.TemporaryDirectory(prefix="rescue-", dir=dst.parent if dst.parent.exists() else None) as tmp:
+        counter = iter(range(1_000_000))
+
+        def evaluate(kept: tuple[str, ...]) -> list[Check]:
+            model = convert_precision(source, target, keep_fp32_nodes=base_keep + kept, **conv_kw).model
+            path = Path(tmp) / f"variant{next(counter)}.onnx"
+            onnx.save_model(model, str(path))
+            return check_candidate("candidate", factory(path), data, ref, tols, uq_tols,
+                                   uq_outputs=uq_outputs, n_bins=n_bins, cross_check=False)
+
+        search = _Search(evaluate, nodes, max_evaluations)
+        search.passes((), "initial")
+        initial = [c for c in search.last_checks[frozenset()] if c.status != "pass"]
+        if not initial:
+            keep: list[str] = []
+            log.info("rescue: the %s variant already passes; nothing kept", target)
+        else:
+            if not search.passes(nodes, "all-fp32"):
+                still = [f"{c.name}: {c.message}" for c in search.last_checks[frozenset(nodes)] if c.status != "pass"]
+                raise CheckFailed(
+                    f"rescue: the {target} variant of {src.name} fails parity even with all {len(nodes)} candidate "
+                    "nodes in FP32, so no FP32 node set can fix it (a wrong weight or op?): " + "; ".join(still[:5]))
+            keep = list(nodes)
+            try:
+                keep = _prefix(search, nodes)
+                keep = _ddmin(search, keep)
+            except _BudgetSpent:
+                passing = [set(k) for k, ok in search.cache.items() if ok]
+                keep = sorted(min(passing, key=len), key=search.rank.__getitem__)
+                log.warning("rescue: evaluation budget (%d) spent; keeping the best passing set (%d nodes)",
+                            max_evaluations, len(keep))
+        final = search.last_checks[frozenset(keep)]
+    result = write_precision_variant(src, dst, target, keep_fp32_nodes=base_keep + tuple(keep), **conv_kw)
+    for name in keep:
+        log.info("rescue: keep %s in FP32 (needed for parity)", name)
+    out = RescueResult(target=target, kept_fp32_nodes=tuple(keep), path=dst, candidates=len(nodes),
+                       initial_failures=initial, final_checks=final, evaluations=search.log,
+                       seconds=time.perf_counter() - started)
+    atomic_write_json(dst.with_name(f"{dst.stem}.rescue.json"),
+                      {**out.to_dict(), "kept_fp32_reasons": {k: result.kept_fp32[k] for k in keep}})
+    return out
