@@ -1,0 +1,61 @@
+"""ONNX export (TorchScript exporter, opset 17) of a fused model, checked with ONNX Runtime.
+
+Exported at one shape, run at two others (batch and sequence dynamic); the conv lowering must
+put grouped ``Conv`` nodes (group = M, weights as initializers) in the graph, the MatMul
+lowering none.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from toolchain.hydra import fuse
+from toolchain.models.tiny import tiny_bert
+
+OUTPUTS = ["probs", "member_logits"]
+
+
+def _export(model, batch, path):
+    names = list(model.input_names)
+    dynamic = {n: {0: "batch", 1: "sequence"} for n in names}
+    dynamic.update({o: {0: "batch"} for o in OUTPUTS})
+    torch.onnx.export(
+        model, tuple(batch[n] for n in names), str(path), input_names=names, output_names=OUTPUTS,
+        dynamic_axes=dynamic, opset_version=17, dynamo=False,
+    )
+    return onnx.load(str(path))
+
+
+@pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export:DeprecationWarning")
+@pytest.mark.parametrize("mlp", ["grouped", "average"])
+@pytest.mark.parametrize("lowering", ["conv", "matmul"])
+def test_export_dynamic_batch_and_sequence(unequal_masks, tmp_path, lowering, mlp):
+    tiny = tiny_bert()
+    model = fuse(tiny.adapter, unequal_masks, mlp=mlp, lowering=lowering)
+    graph = _export(model, tiny.make_batch(2, seed=0), tmp_path / "hydra.onnx").graph
+
+    convs = [n for n in graph.node if n.op_type == "Conv"]
+    if lowering == "conv":
+        groups = [next(a.i for a in n.attribute if a.name == "group") for n in convs]
+        layers = len(model.blocks)
+        assert groups.count(3) == (6 if mlp == "grouped" else 4) * layers  # Q, K, V, O (+ fc1, fc2), group = M
+        assert len(groups) == 6 * layers
+        initializers = {i.name for i in graph.initializer}
+        assert all(n.input[1] in initializers for n in convs), "TensorRT needs Conv weights as initializers"
+    else:
+        assert convs == []
+
+    sess = ort.InferenceSession(str(tmp_path / "hydra.onnx"), providers=["CPUExecutionProvider"])
+    for batch_size, seq in ((1, 5), (3, 9)):
+        batch = {k: v[:, :seq] for k, v in tiny.make_batch(batch_size, seed=batch_size).items()}
+        feed = {i.name: batch[i.name].numpy() for i in sess.get_inputs()}
+        got = dict(zip(OUTPUTS, sess.run(OUTPUTS, feed), strict=True))
+        with torch.no_grad():
+            want = model(**batch)
+        assert got["member_logits"].shape == (batch_size, 3, 3)
+        assert np.abs(got["probs"] - want["probs"].numpy()).max() <= 1e-5
+        assert np.abs(got["member_logits"] - want["member_logits"].numpy()).max() <= 1e-4

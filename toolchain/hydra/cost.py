@@ -1,0 +1,285 @@
+"""Analytic FLOPs and weight bytes: single model, M separate members, deep ensemble, Hydra.
+
+What is counted (FLOPs = 2 x multiply-adds of every MatMul / Linear / Conv):
+
+* **projections**: Q, K, V and O of every (kept or zero-padding) head:
+  ``4 x 2 x T x D x (h x d)`` per sample and stream;
+* **attention**: scores ``Q^T K`` and context ``V P^T``: ``2 x 2 x T^2 x d x h``;
+* **mlp**: fc1 and fc2: ``2 x 2 x T x D x I`` per stream (the averaged MLP of a Hydra model
+  still runs on all M streams);
+* **embeddings** and **head**: per-sample numbers given in :class:`EncoderSpec` (0 by default;
+  :func:`stage_flops` measures a stage's Linear/Conv FLOPs with hooks). The embeddings run once
+  in a Hydra model, the head stage once per member.
+
+Not counted: biases, LayerNorm, softmax, activations, residual adds, masking (all linear in
+``T x D``, a few percent at most). Parameters count every stored floating-point tensor (weights,
+biases, LayerNorm affine, zero-padding heads, stage buffers such as CLIP's prompt embeddings);
+weight bytes are parameters x ``dtype_bytes``. The projections are assumed to have biases (true
+for BERT, ViT and CLIP).
+
+Conventions: ``heads_per_member`` is ``[M][L]`` real heads kept; the Hydra model pads every
+member of layer ``l`` to ``max_m heads[m][l]`` (zero heads cost like real ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from toolchain.hydra.model import HydraModel
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """Sizes of the source encoder.
+
+    Attributes:
+        hidden: D.  head_dim: d.  intermediate: I (MLP width).
+        heads: heads per layer of the single (unpruned) model, one entry per layer.
+        embedding_params, head_params: stored floats of the input stage and of one output stage.
+        embedding_flops, head_flops: per-sample FLOPs of the input stage and of one output stage.
+    """
+
+    hidden: int
+    head_dim: int
+    intermediate: int
+    heads: tuple[int, ...]
+    embedding_params: int = 0
+    head_params: int = 0
+    embedding_flops: int = 0
+    head_flops: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "heads", tuple(int(h) for h in self.heads))
+        for name in ("hidden", "head_dim", "intermediate"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"EncoderSpec.{name} must be a positive int; got {value!r}")
+        if not self.heads or min(self.heads) < 1:
+            raise ValueError(f"EncoderSpec.heads must list >= 1 head per layer; got {self.heads!r}")
+
+    @property
+    def layers(self) -> int:
+        """L."""
+        return len(self.heads)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """FLOPs of one forward over the whole batch, and stored parameters."""
+
+    flops: int
+    params: int
+    dtype_bytes: int
+    breakdown: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def weight_bytes(self) -> int:
+        """``params x dtype_bytes``."""
+        return self.params * self.dtype_bytes
+
+    def as_dict(self) -> dict:
+        """JSON-able view."""
+        return {"flops": self.flops, "params": self.params, "weight_bytes": self.weight_bytes,
+                "breakdown": dict(self.breakdown)}
+
+
+def layer_flops(spec: EncoderSpec, heads: int, seq: int) -> dict[str, int]:
+    """FLOPs of one layer for one sample and one stream with ``heads`` heads."""
+    inner = heads * spec.head_dim
+    return {
+        "projections": 4 * 2 * seq * spec.hidden * inner,
+        "attention": 2 * 2 * seq * seq * inner,
+        "mlp": 2 * 2 * seq * spec.hidden * spec.intermediate,
+    }
+
+
+def attention_params(spec: EncoderSpec, heads: int) -> int:
+    """Q/K/V/O weights and biases of one layer with ``heads`` heads (one member)."""
+    inner = heads * spec.head_dim
+    return 4 * inner * spec.hidden + 3 * inner + spec.hidden
+
+
+def mlp_params(spec: EncoderSpec) -> int:
+    """fc1 + fc2 weights and biases of one layer."""
+    return 2 * spec.hidden * spec.intermediate + spec.intermediate + spec.hidden
+
+
+def layernorm_params(spec: EncoderSpec) -> int:
+    """The two LayerNorms of one layer (weight and bias each)."""
+    return 2 * 2 * spec.hidden
+
+
+def _check_members(spec: EncoderSpec, heads_per_member: Sequence[Sequence[int]]) -> list[list[int]]:
+    rows = [list(map(int, r)) for r in heads_per_member]
+    if not rows:
+        raise ValueError("heads_per_member must have one row per member; got none")
+    for m, row in enumerate(rows):
+        if len(row) != spec.layers:
+            raise ValueError(f"heads_per_member[{m}] has {len(row)} layers; the encoder has {spec.layers}")
+        if min(row) < 1:
+            raise ValueError(f"heads_per_member[{m}] keeps no head in some layer: {row}")
+    return rows
+
+
+def _model_cost(spec: EncoderSpec, heads: Sequence[int], batch: int, seq: int, dtype_bytes: int) -> Cost:
+    """One plain (possibly pruned) model with ``heads[l]`` heads in layer ``l``."""
+    parts = {"projections": 0, "attention": 0, "mlp": 0}
+    params = spec.embedding_params + spec.head_params
+    for h in heads:
+        for k, v in layer_flops(spec, h, seq).items():
+            parts[k] += batch * v
+        params += attention_params(spec, h) + mlp_params(spec) + layernorm_params(spec)
+    parts["embeddings"] = batch * spec.embedding_flops
+    parts["head"] = batch * spec.head_flops
+    return Cost(sum(parts.values()), params, dtype_bytes, parts)
+
+
+def _sum_costs(costs: Sequence[Cost]) -> Cost:
+    keys = costs[0].breakdown.keys()
+    parts = {k: sum(c.breakdown[k] for c in costs) for k in keys}
+    return Cost(sum(c.flops for c in costs), sum(c.params for c in costs), costs[0].dtype_bytes, parts)
+
+
+def single_cost(spec: EncoderSpec, *, batch: int, seq: int, dtype_bytes: int = 4) -> Cost:
+    """The unpruned single model."""
+    return _model_cost(spec, spec.heads, batch, seq, dtype_bytes)
+
+
+def members_cost(
+    spec: EncoderSpec, heads_per_member: Sequence[Sequence[int]], *, batch: int, seq: int, dtype_bytes: int = 4
+) -> Cost:
+    """M separate pruned members run one after another (each with its own embeddings and head)."""
+    rows = _check_members(spec, heads_per_member)
+    return _sum_costs([_model_cost(spec, r, batch, seq, dtype_bytes) for r in rows])
+
+
+def deep_ensemble_cost(spec: EncoderSpec, members: int, *, batch: int, seq: int, dtype_bytes: int = 4) -> Cost:
+    """M unpruned models (the classic deep ensemble): M x the single model."""
+    one = single_cost(spec, batch=batch, seq=seq, dtype_bytes=dtype_bytes)
+    return _sum_costs([one] * members)
+
+
+def hydra_cost(
+    spec: EncoderSpec,
+    heads_per_member: Sequence[Sequence[int]],
+    *,
+    batch: int,
+    seq: int,
+    mlp: str = "average",
+    layernorm: str = "grouped",
+    head_copies: int | None = None,
+    dtype_bytes: int = 4,
+) -> Cost:
+    """The fused model: embeddings once, M padded streams, merged MLP, ``head_copies`` head stages.
+
+    ``head_copies`` (stored head stages) defaults to 1 (a shared head); the head stage *runs*
+    on all M streams either way.
+    """
+    rows = _check_members(spec, heads_per_member)
+    m = len(rows)
+    copies = 1 if head_copies is None else head_copies
+    parts = {"projections": 0, "attention": 0, "mlp": 0}
+    params = spec.embedding_params + copies * spec.head_params
+    for layer in range(spec.layers):
+        padded = max(r[layer] for r in rows)
+        for k, v in layer_flops(spec, padded, seq).items():
+            parts[k] += batch * m * v
+        params += m * attention_params(spec, padded)
+        params += (m if layernorm == "grouped" else 1) * layernorm_params(spec)
+        params += (m if mlp == "grouped" else 1) * mlp_params(spec)
+    parts["embeddings"] = batch * spec.embedding_flops
+    parts["head"] = batch * m * spec.head_flops
+    return Cost(sum(parts.values()), params, dtype_bytes, parts)
+
+
+def compare(
+    spec: EncoderSpec,
+    heads_per_member: Sequence[Sequence[int]],
+    *,
+    batch: int,
+    seq: int,
+    mlp: str = "average",
+    layernorm: str = "grouped",
+    head_copies: int | None = None,
+    dtype_bytes: int = 4,
+) -> dict:
+    """Costs of the four deployments and the ratios the bench reports (JSON-able)."""
+    kw = {"batch": batch, "seq": seq, "dtype_bytes": dtype_bytes}
+    m = len(heads_per_member)
+    costs = {
+        "single": single_cost(spec, **kw),
+        "members": members_cost(spec, heads_per_member, **kw),
+        "deep_ensemble": deep_ensemble_cost(spec, m, **kw),
+        "hydra": hydra_cost(spec, heads_per_member, mlp=mlp, layernorm=layernorm, head_copies=head_copies, **kw),
+    }
+    out: dict = {k: c.as_dict() for k, c in costs.items()}
+    single = costs["single"]
+    out["ratios_vs_single"] = {
+        k: {"flops": c.flops / single.flops, "weight_bytes": c.weight_bytes / single.weight_bytes}
+        for k, c in costs.items()
+    }
+    return out
+
+
+# ----------------------------------------------------------------- from models
+def stage_size(module: nn.Module) -> int:
+    """Stored floating-point numbers of a module (parameters and persistent buffers)."""
+    return sum(t.numel() for t in module.state_dict().values() if t.is_floating_point())
+
+
+def stage_flops(module: nn.Module, *args: object, **kwargs: object) -> int:
+    """FLOPs of the Linear and Conv layers in one call ``module(*args, **kwargs)`` (hooks)."""
+    total = 0
+
+    def hook(mod: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        nonlocal total
+        if isinstance(mod, nn.Linear):
+            total += 2 * output.numel() * mod.in_features
+        elif isinstance(mod, nn.Conv1d | nn.Conv2d | nn.Conv3d):
+            per_out = (mod.in_channels // mod.groups) * int(torch.tensor(mod.kernel_size).prod())
+            total += 2 * output.numel() * per_out
+
+    handles = [m.register_forward_hook(hook) for m in module.modules()
+               if isinstance(m, nn.Linear | nn.Conv1d | nn.Conv2d | nn.Conv3d)]
+    try:
+        with torch.no_grad():
+            module(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
+def spec_from_hydra(model: HydraModel, example_inputs: dict[str, torch.Tensor] | None = None) -> EncoderSpec:
+    """The source encoder's sizes from a fused model (``original_heads`` per layer).
+
+    With ``example_inputs`` the embeddings and head stages' per-sample FLOPs are measured
+    (:func:`stage_flops`); without, they are 0.
+    """
+    cfg = model.config
+    first = cfg.layers[0]
+    spec = EncoderSpec(
+        hidden=cfg.hidden_size,
+        head_dim=first.head_dim,
+        intermediate=first.intermediate_size,
+        heads=(cfg.original_heads,) * cfg.num_layers,
+        embedding_params=stage_size(model.embeddings),
+        head_params=stage_size(model.heads[0]),
+    )
+    if example_inputs is None:
+        return spec
+    feed = {k: v for k, v in example_inputs.items() if k in cfg.input_names and v is not None}
+    batch = next(iter(feed.values())).shape[0]
+    with torch.no_grad():
+        hidden, _ = model.embeddings(**feed)
+    return replace(
+        spec,
+        embedding_flops=stage_flops(model.embeddings, **feed) // batch,
+        head_flops=stage_flops(model.heads[0], hidden) // batch,
+    )

@@ -1,0 +1,117 @@
+"""The fused Hydra model: shared input stage, M member streams side by side, per-member heads.
+
+```
+inputs -> embeddings stage (once)         hidden [B, T, D], key bias [B, 1, 1, T]
+       -> transpose + repeat M times      stream [B, M * D, T]  (channels-first)
+       -> L x HydraBlock                  GFC attention, merged MLP, per-member LayerNorms
+       -> split members [B, M, T, D]      head stage: shared (on B * M rows) or one per member
+       -> member_logits [B, M, C];  probs = mean_m softmax(member_logits) [B, C]
+```
+
+Everything structural (M, head counts, sizes, residual style) is a Python constant taken from
+:class:`~toolchain.hydra.config.HydraConfig`; batch and sequence only flow through tensor
+shapes, so ``torch.onnx.export`` (TorchScript exporter, opset 17) keeps them dynamic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from toolchain.hydra.block import HydraBlock
+from toolchain.hydra.config import HydraConfig
+from toolchain.hydra.gfc import GroupedLinear, StreamLinear, check_lowering
+
+
+class HydraModel(nn.Module):
+    """M pruned members of one transformer fused into one graph.
+
+    Args:
+        config: the structure (see :class:`HydraConfig`).
+        embeddings: the family's input stage, ``module(**inputs) -> (hidden [B, T, D], bias | None)``.
+        heads: output stages, ``module(hidden [B, T, D]) -> logits [B, C]``: one (``head="shared"``)
+            or M (``head="member"``).
+
+    ``forward`` takes the family's inputs by name (or positionally in ``config.input_names``
+    order) and returns ``{"probs": [B, C], "member_logits": [B, M, C]}``. Weights are zeros
+    until filled by :func:`toolchain.hydra.fuse.fuse` or loaded by ``load_hydra``.
+    """
+
+    def __init__(self, config: HydraConfig, embeddings: nn.Module, heads: Sequence[nn.Module]) -> None:
+        super().__init__()
+        expected = 1 if config.head == "shared" else config.members
+        if len(heads) != expected:
+            raise ValueError(f"head={config.head!r} needs {expected} head stage(s); got {len(heads)}")
+        self.config = config
+        self.members = config.members
+        self.hidden_size = config.hidden_size
+        self.input_names = tuple(config.input_names)
+        self.embeddings = embeddings
+        self.blocks = nn.ModuleList(
+            HydraBlock(spec, config.members, config.hidden_size, mlp=config.mlp, layernorm=config.layernorm,
+                       lowering=config.lowering)
+            for spec in config.layers
+        )
+        self.heads = nn.ModuleList(heads)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, *args: torch.Tensor | None, **inputs: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Family inputs (e.g. ``input_ids, attention_mask, token_type_ids`` or ``pixel_values``).
+
+        Returns:
+            ``probs [B, C]`` (mean of the members' softmax) and ``member_logits [B, M, C]``.
+        """
+        feed = self._bind(args, inputs)
+        hidden, key_bias = self.embeddings(**feed)
+        x = hidden.transpose(1, 2)  # [B, D, T]
+        if self.members > 1:
+            x = x.repeat(1, self.members, 1)  # [B, M * D, T]: every member sees the same input
+        for block in self.blocks:
+            x = block(x, key_bias)
+        logits = self._member_logits(x)
+        probs = torch.softmax(logits, dim=-1).mean(dim=1)
+        return {"probs": probs, "member_logits": logits}
+
+    def _bind(self, args: tuple, inputs: dict) -> dict[str, torch.Tensor]:
+        if len(args) > len(self.input_names):
+            raise TypeError(f"HydraModel takes at most {len(self.input_names)} positional inputs "
+                            f"{self.input_names}; got {len(args)}")
+        feed = dict(zip(self.input_names, args, strict=False))
+        for name, value in inputs.items():
+            if name not in self.input_names:
+                raise TypeError(f"unexpected input {name!r}; this model takes {self.input_names}")
+            if name in feed:
+                raise TypeError(f"input {name!r} given both positionally and by name")
+            feed[name] = value
+        return {k: v for k, v in feed.items() if v is not None}
+
+    def _member_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, M * D, T]`` -> ``[B, M, C]`` through the head stage(s)."""
+        hidden = x.unflatten(1, (self.members, self.hidden_size)).transpose(2, 3)  # [B, M, T, D]
+        if len(self.heads) == 1:
+            logits = self.heads[0](hidden.flatten(0, 1))  # [B * M, C]
+            return logits.unflatten(0, (-1, self.members))
+        return torch.stack([head(hidden[:, m]) for m, head in enumerate(self.heads)], dim=1)
+
+    # ------------------------------------------------------------------ lowering
+    @property
+    def lowering(self) -> str:
+        """The GFC lowering in use (``conv`` or ``matmul``)."""
+        return self.config.lowering
+
+    def set_lowering(self, lowering: str) -> HydraModel:
+        """Switch every GFC / shared linear to ``lowering`` in place (same weights); returns self."""
+        check_lowering(lowering)
+        for mod in self.modules():
+            if isinstance(mod, GroupedLinear | StreamLinear):
+                mod.lowering = lowering
+        self.config = replace(self.config, lowering=lowering)
+        return self
+
+    def extra_repr(self) -> str:
+        """Options shown by ``repr``."""
+        c = self.config
+        return f"family={c.family!r}, members={c.members}, mlp={c.mlp!r}, layernorm={c.layernorm!r}, head={c.head!r}"
