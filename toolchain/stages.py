@@ -443,7 +443,8 @@ def export_one(ctx: Context, module: torch.nn.Module, outputs: list[str], path: 
     names = [n for n in getattr(module, "input_names", feed) if n in feed]
     feed = {n: feed[n] for n in names}
     module.eval()
-    res = export_onnx(module, feed, outputs, path, dynamic_axes=dynamic_axes(ctx, names), opset=e.opset)
+    axes = dynamic_axes(ctx, names) | {o: {0: "batch"} for o in outputs}
+    res = export_onnx(module, feed, outputs, path, dynamic_axes=axes, opset=e.opset)
     shapes = [(3, min(e.sequence.max, 21)), (1, min(e.sequence.max, 40))]
     report = check_dynamic(path, module, lambda s: {n: v for n, v in example_feed(ctx, s[0], s[1], seed=5).items()
                                                     if n in names}, shapes, atol=1e-4)

@@ -55,6 +55,7 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path):
     graphs = json.loads((art / "export" / "graphs.json").read_text())
     assert graphs["hydra-conv"]["summary"]["grouped_conv"] > 0
     assert all(g["dynamic_check"]["ok"] for g in graphs.values() if g["precision"] == "fp32")
+    assert all(g["lint_ok"] for g in graphs.values() if g["precision"] == "fp32"), graphs["hydra-conv"]["lint"]
     second = _cli("run", str(recipe), "--profile", "quick")
     assert second.returncode == 0
     st = _statuses(second.stderr)
@@ -106,3 +107,4 @@ def test_clip_quick_structural_run(tmp_path):
     art = tmp_path / "artifacts" / "clip-tiny-quick"
     graphs = json.loads((art / "export" / "graphs.json").read_text())
     assert "hydra-conv" in graphs and graphs["hydra-conv"]["dynamic_check"]["ok"]
+    assert graphs["hydra-conv"]["lint_ok"], graphs["hydra-conv"]["lint"]

@@ -59,3 +59,27 @@ def test_export_dynamic_batch_and_sequence(unequal_masks, tmp_path, lowering, ml
         assert got["member_logits"].shape == (batch_size, 3, 3)
         assert np.abs(got["probs"] - want["probs"].numpy()).max() <= 1e-5
         assert np.abs(got["member_logits"] - want["member_logits"].numpy()).max() <= 1e-4
+
+
+def test_conv_graph_has_static_channels_for_tensorrt(tmp_path):
+    """Grouped Conv inputs keep a static channel dim in the exported graph (TensorRT needs it)."""
+    import torch
+
+    from toolchain.export.lint import lint_tensorrt
+    from toolchain.export.onnx_export import export_onnx
+    from toolchain.hydra.fuse import fuse
+    from toolchain.models.tiny import tiny_bert
+
+    tiny = tiny_bert()
+    masks = torch.ones(2, 2, 4, dtype=torch.bool)
+    masks[0, 0, :2] = False
+    model = fuse(tiny.adapter, masks, lowering="conv")
+    batch = tiny.make_batch(2)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    axes = {n: {0: "batch", 1: "seq"} for n in names}
+    res = export_onnx(model, {n: batch[n] for n in names}, ["probs", "member_logits"], tmp_path / "h.onnx",
+                      dynamic_axes=axes)
+    assert res.summary["grouped_conv"] > 0
+    profile = {n: ((1, 4), (2, 12), (8, 32)) for n in names}
+    report = lint_tensorrt(tmp_path / "h.onnx", profile=profile)
+    assert report.ok, [str(f) for f in report.findings]

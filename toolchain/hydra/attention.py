@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from toolchain.hydra.gfc import GroupedLinear, check_lowering
+from toolchain.hydra.gfc import GroupedLinear, check_lowering, merge_channels, split_channels
 
 
 def grouped_attention(
@@ -36,6 +36,7 @@ def grouped_attention(
     v: torch.Tensor,
     key_bias: torch.Tensor | None,
     heads: int,
+    head_dim: int,
 ) -> torch.Tensor:
     """Scaled dot-product attention of ``heads`` independent heads, channels-first.
 
@@ -45,19 +46,20 @@ def grouped_attention(
         v: ``[B, heads * d, T]`` values.
         key_bias: additive, broadcastable to ``[B, heads, T, T]`` (``[B, 1, 1, T]``), or ``None``.
         heads: total number of heads (members x head slots).
+        head_dim: channels per head ``d`` (a Python int: the exported graph keeps it static).
 
     Returns:
         Context ``[B, heads * d, T]``.
     """
-    qh = q.unflatten(1, (heads, -1))  # [B, G, d, T]
-    kh = k.unflatten(1, (heads, -1))
-    vh = v.unflatten(1, (heads, -1))
+    qh = split_channels(q, heads, head_dim)  # [B, G, d, T]
+    kh = split_channels(k, heads, head_dim)
+    vh = split_channels(v, heads, head_dim)
     scores = torch.matmul(qh.transpose(-1, -2), kh)  # [B, G, Tq, Tk]
     if key_bias is not None:
         scores = scores + key_bias
     probs = torch.softmax(scores, dim=-1)
     context = torch.matmul(vh, probs.transpose(-1, -2))  # [B, G, d, Tq]
-    return context.flatten(1, 2)
+    return merge_channels(context, heads * head_dim)
 
 
 class HydraAttention(nn.Module):
@@ -83,7 +85,7 @@ class HydraAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, key_bias: torch.Tensor | None) -> torch.Tensor:
         """``x [B, M * D, T]`` -> attention output ``[B, M * D, T]`` (before the residual)."""
-        context = grouped_attention(self.q(x), self.k(x), self.v(x), key_bias, self.members * self.heads)
+        context = grouped_attention(self.q(x), self.k(x), self.v(x), key_bias, self.members * self.heads, self.head_dim)
         return self.o(context)
 
     def extra_repr(self) -> str:

@@ -25,7 +25,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from toolchain.hydra.attention import HydraAttention
-from toolchain.hydra.gfc import GroupedLinear, StreamLinear
+from toolchain.hydra.gfc import GroupedLinear, StreamLinear, merge_channels, split_channels
 
 if TYPE_CHECKING:
     from toolchain.hydra.config import LayerSpec
@@ -56,11 +56,13 @@ def stream_layer_norm(
     Returns:
         ``[B, M * D, T]``.
     """
-    y = x.unflatten(1, (streams, -1))  # [B, M, D, T]
+    width = int(weight.shape[-1])
+    y = split_channels(x, streams, width)  # [B, M, D, T]
     centred = y - y.mean(dim=2, keepdim=True)
     var = (centred * centred).mean(dim=2, keepdim=True)  # two-pass variance, as nn.LayerNorm
     # addcmul: the affine in one pass (half the time of ``* weight + bias`` in eager torch)
-    return torch.addcmul(bias.unsqueeze(-1), centred * torch.rsqrt(var + eps), weight.unsqueeze(-1)).flatten(1, 2)
+    out = torch.addcmul(bias.unsqueeze(-1), centred * torch.rsqrt(var + eps), weight.unsqueeze(-1))
+    return merge_channels(out, streams * width)
 
 
 class StreamLayerNorm(nn.Module):

@@ -58,13 +58,27 @@ def gfc_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     return F.conv1d(x, w, b, groups=groups)
 
 
+def split_channels(x: torch.Tensor, groups: int, per_group: int) -> torch.Tensor:
+    """``[B, groups * per_group, T] -> [B, groups, per_group, T]`` with both sizes as constants.
+
+    Batch and tokens are read from ``x.shape`` (dynamic in the exported graph); the channel sizes
+    are Python ints, so ONNX shape inference (and TensorRT) see static channel dims.
+    """
+    return x.reshape(x.shape[0], groups, per_group, x.shape[-1])
+
+
+def merge_channels(x: torch.Tensor, channels: int) -> torch.Tensor:
+    """``[B, a, b, T] -> [B, channels, T]`` (``channels = a * b``, a Python int: static in ONNX)."""
+    return x.reshape(x.shape[0], channels, x.shape[-1])
+
+
 def gfc_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Grouped linear as reshape + broadcast batched MatMul (same contract as :func:`gfc_conv`)."""
-    groups, _, in_f = weight.shape
-    y = torch.matmul(weight, x.unflatten(1, (groups, in_f)))  # [B, M, out, T]
+    groups, out_f, in_f = (int(v) for v in weight.shape)
+    y = torch.matmul(weight, split_channels(x, groups, in_f))  # [B, M, out, T]
     if bias is not None:
         y = y + bias.unsqueeze(-1)
-    return y.flatten(1, 2)
+    return merge_channels(y, groups * out_f)
 
 
 def grouped_linear(
@@ -93,8 +107,9 @@ def stream_linear(
     Returns:
         ``[B, streams * out, T]``.
     """
-    in_f = weight.shape[1]
-    folded = x.unflatten(1, (streams, in_f)).flatten(0, 1)  # [B * M, in, T]: members folded into the batch
+    out_f, in_f = (int(v) for v in weight.shape)
+    # [B * M, in, T]: members folded into the batch
+    folded = split_channels(x, streams, in_f).reshape(-1, in_f, x.shape[-1])
     if lowering == "conv":
         y = F.conv1d(folded, weight.unsqueeze(-1), bias)
     elif lowering == "matmul":
@@ -103,7 +118,7 @@ def stream_linear(
             y = y + bias.unsqueeze(-1)
     else:
         raise ValueError(f"lowering must be one of {LOWERINGS}; got {lowering!r}")
-    return y.unflatten(0, (-1, streams)).flatten(1, 2)
+    return y.reshape(-1, streams * out_f, y.shape[-1])
 
 
 def block_diagonal(weight: torch.Tensor) -> torch.Tensor:
