@@ -60,8 +60,13 @@ def _run(recipe: Path, profile: str | None, force: list[str] | None, until: str 
 @app.command()
 def run(recipe: RecipeArg, profile: ProfileOpt = None, force: ForceOpt = None) -> None:
     """Run every stage of the recipe (stages whose inputs did not change are skipped)."""
-    status = _run(recipe, profile, force)
+    ctx = _context(recipe, profile, force)
+    from toolchain.pipeline import run_pipeline
+    from toolchain.stages import parity_outcome
+
+    status = run_pipeline(ctx)
     ran = [k for k, v in status.items() if v == "ran"]
+    parity_outcome(ctx)
     console.print(f"[green]done[/green]: {len(status)} stages ({len(ran)} ran, {len(status) - len(ran)} up to date)")
 
 
@@ -69,6 +74,51 @@ def run(recipe: RecipeArg, profile: ProfileOpt = None, force: ForceOpt = None) -
 def load(recipe: RecipeArg, profile: ProfileOpt = None, force: ForceOpt = None) -> None:
     """Load the model and data sets and print a summary."""
     _run(recipe, profile, force, until="load")
+
+
+def _stage_command(stage: str, doc: str):
+    def command(recipe: RecipeArg, profile: ProfileOpt = None, force: ForceOpt = None) -> None:
+        ctx = _context(recipe, profile, force)
+        from toolchain.pipeline import run_pipeline
+
+        run_pipeline(ctx, until=stage)
+        if stage == "parity":
+            from toolchain.stages import parity_outcome
+
+            parity_outcome(ctx)
+
+    command.__doc__ = doc
+    app.command(name=stage)(command)
+
+
+for _name, _doc in [
+    ("score", "Score every attention head (runs load and fine-tuning first when needed)."),
+    ("prune", "Make the M pruned members and their diversity report."),
+    ("fuse", "Fuse the members into one Hydra model (safetensors + JSON config) and print its summary."),
+    ("export", "Export ONNX graphs (Hydra with both lowerings, single model, members; FP16/BF16 variants)."),
+    ("build", "Build TensorRT engines where tensorrt and a CUDA GPU are available."),
+    ("parity", "Numerical and UQ-metric parity of every engine vs the PyTorch reference (exit 1 on failure)."),
+    ("report", "Write the results report (Markdown + HTML)."),
+]:
+    _stage_command(_name, _doc)
+
+
+@app.command()
+def lint(
+    onnx_file: Annotated[Path, typer.Argument(help="ONNX file to check")],
+    target: Annotated[str, typer.Option("--target", help="tensorrt (the parser to check against)")] = "tensorrt",
+    trt_version: Annotated[str, typer.Option("--trt-version", help="TensorRT version, e.g. 10, 10.15, 11")] = "10",
+) -> None:
+    """Check an ONNX graph against the TensorRT ONNX parser on CPU (exit 1 on any error)."""
+    from toolchain.export.lint import lint_tensorrt
+
+    if target != "tensorrt":
+        raise ToolchainError(f"--target {target!r} is not supported; use --target tensorrt.")
+    report = lint_tensorrt(onnx_file, trt_version=trt_version)
+    for finding in report.findings:
+        console.print(f"{finding}")
+    report.raise_if_failed()
+    console.print(f"[green]ok[/green]: {onnx_file} passes the TensorRT {trt_version} lint")
 
 
 @app.command()

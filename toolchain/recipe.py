@@ -158,6 +158,15 @@ class BenchSection(_Strict):
     rounds: int = Field(15, ge=1)
 
 
+class ParitySection(_Strict):
+    """Parity gate overrides (defaults are measured per precision; see toolchain/parity/tolerances.py)."""
+
+    #: per-metric absolute tolerance on the UQ-metric delta, e.g. {auroc_msp: 0.01}; "" sets every metric
+    uq_tolerances: dict[str, float] = Field(default_factory=dict)
+    #: per-engine or per-output numeric tolerances, e.g. {probs: {atol: 1e-3, rtol: 1e-2, stat: max}}
+    tolerances: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
 class Recipe(_Strict):
     """A whole recipe. ``name`` names the artifacts folder ``artifacts/<name>/``."""
 
@@ -172,6 +181,7 @@ class Recipe(_Strict):
     export: ExportSection = ExportSection()
     engines: list[Literal["torch", "onnxrt-cpu", "onnxrt-cuda", "tensorrt"]] = ["torch", "onnxrt-cpu"]
     bench: BenchSection = BenchSection()
+    parity: ParitySection = ParitySection()
     artifacts_dir: str = "artifacts"
 
     def digest(self, *sections: str) -> str:

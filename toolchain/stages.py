@@ -571,9 +571,154 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     return {"variants": sorted(metrics)}
 
 
+# ---------------------------------------------------------------------------- engines, parity
+@stage("build", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines"),
+       upstream=("export",), summary="build TensorRT engines (where tensorrt and a CUDA GPU are available)")
+def build_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """One engine per Hydra graph and precision; absent TensorRT is recorded, not fatal, for ``run``."""
+    from toolchain.engines.tensorrt.builder import build_engine
+    from toolchain.errors import MissingDependencyError
+
+    if "tensorrt" not in ctx.recipe.engines:
+        atomic_write_json(work / "engines.json", {"skipped": "the recipe's engines list has no 'tensorrt'"})
+        ctx.console.print("  no TensorRT engines requested (engines: " + ", ".join(ctx.recipe.engines) + ")")
+        return {"engines": []}
+    graphs = read_json(ctx.stage_dir("export") / "graphs.json")
+    built: dict[str, Any] = {}
+    for name, g in graphs.items():
+        if g["kind"] != "hydra" or g.get("lowering") != "conv":
+            continue
+        try:
+            path = build_engine(ctx.stage_dir("export") / g["path"], work / f"{name}.engine",
+                                precision=g["precision"], profile=trt_profile(ctx, g["inputs"]),
+                                timing_cache=ctx.root / "timing.cache")
+            built[name] = {"engine": path.name, "precision": g["precision"], "onnx": g["path"]}
+        except MissingDependencyError as exc:
+            atomic_write_json(work / "engines.json", {"skipped": str(exc)})
+            ctx.console.print(f"  [yellow]TensorRT engines skipped[/yellow]: {exc}")
+            return {"engines": [], "skipped": str(exc)}
+    atomic_write_json(work / "engines.json", built)
+    return {"engines": sorted(built)}
+
+
+def parity_inputs(ctx: Context, names: list[str], tok: Any) -> tuple[list, list, list]:
+    """Generated feeds at several shapes, the ID test split with labels, the OOD test split."""
+    e = ctx.recipe.export
+
+    def np_feed(feed: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+        return {k: v.numpy() for k, v in feed.items() if k in names}
+
+    shapes = [(e.batch.min, e.sequence.min), (min(e.batch.opt, 8), min(e.sequence.opt, 64)),
+              (2, min(e.sequence.max, 96))]
+    generated = [np_feed(example_feed(ctx, b, s, seed=11 + i)) for i, (b, s) in enumerate(shapes)]
+    ident = [(np_feed(b), y.numpy()) for b, y in ctx.batches(ctx.data["test"], 64, tok)]
+    ood = [np_feed(b) for b, _ in ctx.batches(ctx.data["ood_test"], 64, tok)] if "ood_test" in ctx.data else []
+    return generated, ident, ood
+
+
+def _input_specs(ctx: Context, names: list[str]) -> dict[str, tuple]:
+    feed = example_feed(ctx, 1, 8)
+    return {n: (np.float32 if n == "pixel_values" else np.int64,
+                ("batch", *feed[n].shape[1:]) if n == "pixel_values" else ("batch", "sequence")) for n in names}
+
+
+@stage("parity", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines",
+                           "parity"),
+       upstream=("build",), summary="numerical and UQ-metric parity of every engine vs the PyTorch reference")
+def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """Verdicts for the Hydra engines (vs the fused PyTorch model) and the single model's engines."""
+    from toolchain.engines import make_runner
+    from toolchain.hydra.fuse import load_hydra
+    from toolchain.models.wrappers import SingleModel
+    from toolchain.parity import run_parity
+
+    graphs = read_json(ctx.stage_dir("export") / "graphs.json")
+    _m, base, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    names = list(graphs["single"]["inputs"])
+    generated, ident, ood = parity_inputs(ctx, names, tok)
+    hydra = load_hydra(ctx.stage_dir("fuse") / "hydra")
+    groups = {"hydra": (hydra, ["probs", "member_logits"]), "single": (SingleModel(base), ["logits", "probs"])}
+    engines = read_json(ctx.stage_dir("build") / "engines.json")
+    results: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    for group, (module, outputs) in groups.items():
+        reference = make_runner("torch", module=module, input_specs=_input_specs(ctx, names), output_names=outputs,
+                                name=f"torch-{group}")
+        candidates, precisions = {}, {}
+        for gname, g in graphs.items():
+            if (g["kind"] == "hydra") != (group == "hydra") or g["kind"] == "member":
+                continue
+            label = f"onnxrt-cpu:{gname}"
+            if g["precision"] == "bf16":
+                skipped[label] = ("ONNX Runtime's CPU provider has no BF16 MatMul/Conv kernels; the BF16 graph is "
+                                  "checked structurally at export and numerically in the test suite (onnx.reference)")
+                continue
+            if "onnxrt-cpu" in ctx.recipe.engines:
+                candidates[label] = make_runner("onnxrt-cpu", path=ctx.stage_dir("export") / g["path"],
+                                                intra_op_threads=ctx.recipe.bench.threads, name=label)
+                precisions[label] = g["precision"]
+            if "onnxrt-cuda" in ctx.recipe.engines:
+                cl = f"onnxrt-cuda:{gname}"
+                candidates[cl] = make_runner("onnxrt-cuda", path=ctx.stage_dir("export") / g["path"], name=cl)
+                precisions[cl] = g["precision"]
+        if group == "hydra":
+            for ename, info in engines.items() if isinstance(engines, dict) and "skipped" not in engines else []:
+                tl = f"tensorrt:{ename}"
+                candidates[tl] = make_runner("tensorrt", engine_path=ctx.stage_dir("build") / info["engine"], name=tl)
+                precisions[tl] = info["precision"]
+        verdict = run_parity(reference, candidates, generated, ident, ood, out_dir=work / group,
+                             precisions=precisions, **parity_tolerances(ctx))
+        results[group] = {"exit_code": verdict.exit_code, "status": verdict.status, "problems": verdict.problems()}
+        ctx.console.print(f"  {group}: {verdict.status} ({len(candidates)} engines)")
+        for p in verdict.problems():
+            ctx.console.print(f"    [red]x[/red] {p}")
+    summary = {"groups": results, "skipped": skipped,
+               "exit_code": max([r["exit_code"] for r in results.values()] or [0])}
+    atomic_write_json(work / "verdict.json", summary)
+    md = ["| group | status | exit code |", "|---|---|---|"]
+    md += [f"| {g} | {r['status']} | {r['exit_code']} |" for g, r in results.items()]
+    md += ["", *[f"- skipped `{k}`: {v}" for k, v in skipped.items()]]
+    md += ["", *[(work / g / "summary.md").read_text() for g in results if (work / g / "summary.md").exists()]]
+    (work / "summary.md").write_text("\n".join(md) + "\n")
+    return {"exit_code": summary["exit_code"]}
+
+
+def parity_tolerances(ctx: Context) -> dict[str, Any]:
+    """The recipe's parity overrides, in :func:`toolchain.parity.run_parity`'s terms."""
+    from toolchain.parity import DEFAULT_UQ_TOLERANCES, parse_uq_tolerances
+
+    p = ctx.recipe.parity
+    out: dict[str, Any] = {}
+    if p.uq_tolerances:
+        uq = dict(p.uq_tolerances)
+        if "" in uq:
+            every = uq.pop("")
+            uq = {k: every for k in DEFAULT_UQ_TOLERANCES} | uq
+        try:
+            out["uq_tolerances"] = parse_uq_tolerances(uq)
+        except (ValueError, TypeError) as exc:
+            raise RecipeError(f"field 'parity.uq_tolerances': {exc}") from None
+    if p.tolerances:
+        out["tolerances"] = p.tolerances
+    return out
+
+
+def parity_outcome(ctx: Context) -> None:
+    """Raise the parity verdict's error (exit 1/2/3) after the stage published it."""
+    from toolchain.errors import CheckFailed, MissingDependencyError, ToolchainError
+
+    verdict = read_json(ctx.stage_dir("parity") / "verdict.json")
+    code = verdict["exit_code"]
+    if code == 0:
+        return
+    problems = [p for g in verdict["groups"].values() for p in g["problems"]]
+    text = f"parity failed (see {ctx.stage_dir('parity')}/summary.md): " + "; ".join(problems[:10])
+    raise {1: CheckFailed, 3: MissingDependencyError}.get(code, ToolchainError)(text)
+
+
 # ---------------------------------------------------------------------------- report
 @stage("report", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines", "bench"),
-       upstream=("evaluate",), summary="results report (Markdown + HTML with plots)")
+       upstream=("evaluate", "parity"), summary="results report (Markdown + HTML with plots)")
 def report_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """``report.md`` and ``report.html`` from every stage's outputs."""
     from toolchain.report import build_report
@@ -581,3 +726,5 @@ def report_stage(ctx: Context, work: Path) -> dict[str, Any]:
     paths = build_report(ctx.root, work, title=f"hydra-toolchain report: {ctx.recipe.name}")
     ctx.console.print(f"  report: {ctx.stage_dir('report') / paths['md'].name}")
     return {}
+
+
