@@ -1,0 +1,100 @@
+"""Circuit search: batched vs looped, the greedy algorithm, objectives, scores as a plan."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from toolchain.pruning import keep_mask
+from toolchain.scoring import OOD_LABEL, circuit_scores, evaluate_masks, objective_value
+from toolchain.scoring.calibration import as_calibration
+
+
+def _reference_circuit(adapter, calib, n_heads):
+    """The layer-conditioned greedy search written out with one gated forward per mask (loss objective)."""
+    hpl = adapter.heads_per_layer()
+    chosen = []
+
+    def loss(masked):
+        gates = torch.ones(len(hpl), max(hpl))
+        for l, h in masked:
+            gates[l, h] = 0.0
+        with torch.no_grad():
+            logits = torch.cat([adapter.gated_logits(b, gates) for b, _ in calib]).double()
+        return float(F.cross_entropy(logits, torch.cat([y for _, y in calib])))
+
+    for l, n in enumerate(hpl):
+        damage = {h: loss([*chosen, (l, h)]) for h in range(n)}
+        best = sorted(damage, key=lambda h: (-damage[h], h))[:n_heads]
+        chosen.extend((l, h) for h in sorted(best))
+    return chosen
+
+
+def test_circuit_follows_the_greedy_algorithm(bert, make_calib):
+    calib = make_calib(bert, sizes=(5, 3))
+    got = circuit_scores(bert.adapter, calib, n_heads=2)
+    assert [tuple(x) for x in got.extras["circuit"]] == _reference_circuit(bert.adapter, calib, 2)
+
+
+@pytest.mark.parametrize("objective", ["loss", "nll"])
+def test_batched_and_looped_select_the_same_heads(tiny, make_calib, objective):
+    calib = make_calib(tiny, sizes=(4, 3))
+    looped = circuit_scores(tiny.adapter, calib, n_heads=2, objective=objective, mode="looped")
+    for max_bs in (256, 5, 2):  # several masks per forward; masks chunked; rows split
+        batched = circuit_scores(tiny.adapter, calib, n_heads=2, objective=objective, max_batch_size=max_bs)
+        assert batched.extras["circuit"] == looped.extras["circuit"]
+        assert batched.params["mode_used"] == "batched"
+        torch.testing.assert_close(batched.scores, looped.scores, rtol=1e-4, atol=1e-6)
+
+
+def test_batched_and_looped_select_the_same_heads_ood_auroc(bert):
+    with torch.no_grad():
+        bert.model.classifier.weight.div_(300.0)  # undo the tiny model's saturation: distinct max-probs
+    batch = bert.make_batch(8, 3)
+    labels = torch.tensor([0, 1, 2, OOD_LABEL, 0, OOD_LABEL, OOD_LABEL, 1])
+    calib = [(batch, labels)]
+    looped = circuit_scores(bert.adapter, calib, n_heads=1, objective="ood_auroc", mode="looped")
+    batched = circuit_scores(bert.adapter, calib, n_heads=1, objective="ood_auroc", max_batch_size=12)
+    assert batched.extras["circuit"] == looped.extras["circuit"]
+    assert 0.0 <= looped.extras["unmasked_objective"] <= 1.0
+
+
+def test_evaluate_masks_batched_equals_looped(tiny, make_calib):
+    data = as_calibration(make_calib(tiny, sizes=(3, 2)))
+    masks = (torch.rand(5, tiny.adapter.num_layers, tiny.adapter.max_heads) > 0.4).float()
+    a = evaluate_masks(tiny.adapter, data, masks, mode="batched", max_batch_size=7)
+    b = evaluate_masks(tiny.adapter, data, masks, mode="looped")
+    assert a.shape == (5, 5, b.shape[-1]) and a.dtype == torch.float64
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_objectives_on_hand_made_logits():
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [5.0, 5.0], [0.0, 3.0]])
+    labels = torch.tensor([0, 1, OOD_LABEL, OOD_LABEL])
+    expected = float(F.cross_entropy(logits[:2].double(), labels[:2]))
+    assert objective_value("loss", logits, labels) == pytest.approx(expected)
+    assert objective_value("nll", logits, labels) == pytest.approx(expected)
+    # OOD rows: max-prob 0.5 and 0.95; ID rows 0.88 and 0.73 -> OOD row 2 ranks above both ID, row 3 below both
+    assert objective_value("ood_auroc", logits, labels) == pytest.approx(0.5)
+
+
+def test_circuit_scores_make_plans_keep_exactly_the_circuit(bert, make_calib):
+    got = circuit_scores(bert.adapter, make_calib(bert), n_heads=3)
+    circuit = {tuple(x) for x in got.extras["circuit"]}
+    assert len(circuit) == 3 * bert.adapter.num_layers
+    for scope in ("global", "layer"):
+        keep = keep_mask(got, budget=len(circuit), scope=scope)
+        assert {tuple(x) for x in torch.nonzero(keep).tolist()} == circuit
+
+
+def test_circuit_argument_errors(bert, make_calib):
+    calib = make_calib(bert)
+    with pytest.raises(ValueError, match="n_heads"):
+        circuit_scores(bert.adapter, calib, n_heads=0)
+    with pytest.raises(ValueError, match="objective"):
+        circuit_scores(bert.adapter, calib, n_heads=1, objective="accuracy")
+    with pytest.raises(ValueError, match="ood_auroc"):
+        circuit_scores(bert.adapter, calib, n_heads=1, objective="ood_auroc")
+    with pytest.raises(ValueError, match="max_batch_size"):
+        circuit_scores(bert.adapter, calib, n_heads=1, max_batch_size=0)

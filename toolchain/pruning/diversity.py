@@ -1,0 +1,97 @@
+"""Diversity of ensemble members: overlap of their kept heads and disagreement of their predictions.
+
+* Jaccard of two kept-head sets ``A``, ``B``: ``|A & B| / |A | B|`` (1.0 when both are empty).
+  Per layer it compares the layer's kept heads; "overall" compares the whole sets of
+  ``(layer, head)`` pairs (not the mean of the per-layer values). Ensemble summaries are the mean
+  over the ``M (M - 1) / 2`` unordered member pairs.
+* Prediction disagreement, from member logits ``[M, N, C]``: the ensemble prediction is the
+  argmax of the mean of the members' softmax probabilities (ties: lowest class index); a member's
+  disagreement is the fraction of samples where its argmax differs from the ensemble's. Also
+  reported: the mean over member pairs of the fraction of samples where the two argmaxes differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import combinations
+from typing import Any
+
+import torch
+
+__all__ = ["jaccard", "pairwise_jaccard", "prediction_disagreement"]
+
+
+def jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Jaccard index of two boolean masks of the same shape."""
+    a, b = torch.as_tensor(a, dtype=torch.bool), torch.as_tensor(b, dtype=torch.bool)
+    if a.shape != b.shape:
+        raise ValueError(f"masks must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+    union = int((a | b).sum())
+    return 1.0 if union == 0 else int((a & b).sum()) / union
+
+
+def _stack(masks: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    stacked = masks if isinstance(masks, torch.Tensor) else torch.stack([torch.as_tensor(m) for m in masks])
+    stacked = stacked.to(torch.bool)
+    if stacked.dim() != 3 or stacked.shape[0] < 2:
+        raise ValueError(
+            f"masks must be >= 2 keep masks [M, layers, heads], got shape {tuple(stacked.shape)}"
+        )
+    return stacked
+
+
+def pairwise_jaccard(masks: Sequence[torch.Tensor] | torch.Tensor) -> dict[str, Any]:
+    """Overlap of the members' kept heads.
+
+    Args:
+        masks: ``M >= 2`` keep masks ``[layers, max_heads]`` (or one ``[M, layers, max_heads]`` tensor).
+
+    Returns:
+        ``{"overall": mean over pairs of the whole-set Jaccard, "per_layer": [layers] mean over
+        pairs, "matrix": [M][M] whole-set Jaccard (1 on the diagonal)}``.
+    """
+    m = _stack(masks)
+    n_members, n_layers = m.shape[0], m.shape[1]
+    matrix = [[1.0] * n_members for _ in range(n_members)]
+    per_layer = [0.0] * n_layers
+    pairs = list(combinations(range(n_members), 2))
+    overall = 0.0
+    for i, j in pairs:
+        v = jaccard(m[i], m[j])
+        matrix[i][j] = matrix[j][i] = v
+        overall += v
+        for l in range(n_layers):
+            per_layer[l] += jaccard(m[i, l], m[j, l])
+    return {
+        "overall": overall / len(pairs),
+        "per_layer": [v / len(pairs) for v in per_layer],
+        "matrix": matrix,
+    }
+
+
+def prediction_disagreement(member_logits: torch.Tensor) -> dict[str, Any]:
+    """How often members' predictions differ (see the module docstring).
+
+    Args:
+        member_logits: ``[M, N, C]`` logits (or log-probabilities) of ``M >= 2`` members.
+
+    Returns:
+        ``{"per_member": [M] fraction disagreeing with the ensemble, "mean": their mean,
+        "pairwise_mean": mean over pairs of the fraction of differing argmaxes,
+        "ensemble_pred": [N] ensemble argmax}``.
+    """
+    x = torch.as_tensor(member_logits)
+    if x.dim() != 3 or x.shape[0] < 2 or x.shape[1] < 1:
+        raise ValueError(f"member_logits must be [M >= 2, N >= 1, C], got shape {tuple(x.shape)}")
+    x = x.double()
+    preds = x.argmax(dim=-1)  # [M, N]
+    ens = torch.softmax(x, dim=-1).mean(dim=0).argmax(dim=-1)  # [N]
+    per_member = (preds != ens[None, :]).double().mean(dim=1)
+    pairs = list(combinations(range(x.shape[0]), 2))
+    pairwise = sum(float((preds[i] != preds[j]).double().mean()) for i, j in pairs) / len(pairs)
+    return {
+        "per_member": per_member.tolist(),
+        "mean": float(per_member.mean()),
+        "pairwise_mean": pairwise,
+        "ensemble_pred": ens.tolist(),
+    }
