@@ -183,8 +183,28 @@ DEFAULT_RULES: tuple[Rule, ...] = (
 )
 
 
+def _normalise_tails(
+    sqrt: onnx.NodeProto, d: str, next_op: Callable[[str, str], list[onnx.NodeProto]]
+) -> list[list[onnx.NodeProto]]:
+    """List the ways ``d`` is divided by ``sqrt``'s output.
+
+    ``Div(d, s)``, or the rsqrt form ``Div(1, s) | Reciprocal(s)`` then ``Mul(d, r)``.
+    """
+    s = sqrt.output[0]
+    tails = [[div] for div in next_op(s, "Div") if list(div.input) == [d, s]]
+    inverses = [div for div in next_op(s, "Div") if div.input[1] == s and div.input[0] != d]
+    inverses += next_op(s, "Reciprocal")
+    for inv in inverses:
+        r = inv.output[0]
+        tails += [[inv, mul] for mul in next_op(r, "Mul") if sorted(mul.input) == sorted([d, r])]
+    return tails
+
+
 def decomposed_layernorm_nodes(graph: onnx.GraphProto) -> dict[str, str]:
-    """Find ``ReduceMean -> Sub -> Pow|Mul -> ReduceMean -> Add -> Sqrt -> Div`` LayerNorm patterns.
+    """Find decomposed LayerNorms (the exporters' and the rsqrt form used by the Hydra model).
+
+    ``ReduceMean -> Sub -> Pow|Mul -> ReduceMean -> Add -> Sqrt``, then ``Div(d, s)`` or the
+    rsqrt form ``Div(1, s) | Reciprocal -> Mul(d, .)``.
 
     Returns:
         node name -> reason for every node of each match (the ReduceMeans included).
@@ -209,11 +229,9 @@ def decomposed_layernorm_nodes(graph: onnx.GraphProto) -> dict[str, str]:
                 for var in next_op(sq.output[0], "ReduceMean"):
                     for add in next_op(var.output[0], "Add"):
                         for sqrt in next_op(add.output[0], "Sqrt"):
-                            for div in next_op(sqrt.output[0], "Div"):
-                                if list(div.input) != [d, sqrt.output[0]]:
-                                    continue
-                                chain = [mean, sub, sq, var, add, sqrt, div]
-                                why = f"part of a decomposed LayerNorm ({mean.name} .. {div.name}): {_NORM}"
+                            for tail in _normalise_tails(sqrt, d, next_op):
+                                chain = [mean, sub, sq, var, add, sqrt, *tail]
+                                why = f"part of a decomposed LayerNorm ({mean.name} .. {tail[-1].name}): {_NORM}"
                                 found.update({n.name: why for n in chain})
     return found
 
