@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from importlib import metadata
@@ -64,6 +65,27 @@ def atomic_write_text(path: Path, text: str) -> Path:
 def atomic_write_json(path: Path, obj: Any) -> Path:
     """Atomic JSON write (sorted keys, indented)."""
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_folder(path: Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder; on success swap it in for ``path`` (else delete it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            shutil.rmtree(old, ignore_errors=True)
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def package_versions() -> dict[str, str]:

@@ -18,13 +18,12 @@ Writes are atomic: a temporary sibling folder, renamed over the target.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from toolchain.artifacts import atomic_folder
 from toolchain.errors import ModelError
 from toolchain.hydra.config import HydraConfig
 from toolchain.hydra.cost import hydra_cost, members_cost, single_cost, spec_from_hydra, stage_size
@@ -75,22 +74,10 @@ def save_hydra(model: HydraModel, folder: str | Path) -> Path:
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(model.config.to_dict(), indent=1)  # fails loudly on a non-JSON value
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+    with atomic_folder(folder) as tmp:
         state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "family": model.config.family})
         (tmp / CONFIG_FILE).write_text(text)
-        if folder.exists():
-            old = folder.with_name(f".{folder.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            folder.rename(old)
-            tmp.rename(folder)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return folder
 
 

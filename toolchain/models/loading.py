@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from toolchain.artifacts import atomic_folder
 from toolchain.errors import MissingDependencyError, ModelError
 from toolchain.models.base import HEADS_ATTR, ModelAdapter, adapter_for
 
@@ -184,8 +183,7 @@ def save_model(model: nn.Module, path: str | Path, tokenizer: object | None = No
     transformers.utils.logging.disable_progress_bar()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with atomic_folder(path) as tmp:
         model.save_pretrained(tmp)
         if _pruned_heads(model.config) is not None:
             # save_pretrained may rename keys to a family's legacy layout (ViT does); a pruned
@@ -198,15 +196,4 @@ def save_model(model: nn.Module, path: str | Path, tokenizer: object | None = No
             save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path
