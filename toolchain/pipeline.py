@@ -141,6 +141,9 @@ def run_pipeline(ctx: Context, until: str | None = None, only: list[str] | None 
     with locked(ctx.root):
         for name in names:
             status[name] = _run_stage(ctx, name)
+            if name == "load":  # checks that need the model, also when the load stage was cached
+                summary = stage_manifest(ctx, "load").get("summary", {})
+                check_recipe_against_model(ctx.recipe, summary["heads_per_layer"])
     return status
 
 
