@@ -9,7 +9,7 @@ from toolchain.models.tiny import tiny_bert
 from toolchain.pruning import finetune
 
 
-def _task(n=64, seed=0):
+def _task(n=48, seed=0):
     """Class 0 sentences use tokens 5..49, class 1 tokens 52..99: linearly separable bags of words."""
     g = torch.Generator().manual_seed(seed)
     labels = torch.randint(0, 2, (n,), generator=g)
@@ -46,18 +46,18 @@ def test_finetune_reduces_loss_and_is_reproducible():
     for _ in range(2):
         tiny = _fresh()
         tiny.model.train()
-        out = finetune(tiny.model, tiny.adapter, _batches_fn(ids, labels), steps=40, lr=3e-3, batch_size=16, seed=3,
+        out = finetune(tiny.model, tiny.adapter, _batches_fn(ids, labels), steps=24, lr=5e-3, batch_size=16, seed=3,
                        progress=False)
         assert not tiny.model.training
         runs.append((tiny.model.state_dict(), out))
     (sd_a, out_a), (sd_b, out_b) = runs
-    assert len(out_a["losses"]) == 40 and len(out_a["lrs"]) == 40
+    assert len(out_a["losses"]) == 24 and len(out_a["lrs"]) == 24
     first, last = sum(out_a["losses"][:5]) / 5, sum(out_a["losses"][-5:]) / 5
     assert last < 0.5 * first
     assert out_a["losses"] == out_b["losses"]
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
     # warm-up then linear decay: the peak is reached after 10% of the steps
-    assert max(out_a["lrs"]) == pytest.approx(3e-3, rel=0.2) and out_a["lrs"][-1] < out_a["lrs"][10]
+    assert max(out_a["lrs"]) == pytest.approx(5e-3, rel=0.35) and out_a["lrs"][-1] < out_a["lrs"][6]
 
 
 def test_finetune_seed_changes_the_run():

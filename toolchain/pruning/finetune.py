@@ -127,7 +127,12 @@ def finetune(
                     bar.set_postfix(loss=f"{losses[-1]:.4f}")
                     if log_every and len(losses) % log_every == 0:
                         recent = losses[-log_every:]
-                        log.info("finetune: step %d/%d, mean loss %.4f", len(losses), steps, sum(recent) / len(recent))
+                        log.info(
+                            "finetune: step %d/%d, mean loss %.4f",
+                            len(losses),
+                            steps,
+                            sum(recent) / len(recent),
+                        )
                     if len(losses) >= steps:
                         break
                 if got == 0:

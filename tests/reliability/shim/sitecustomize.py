@@ -7,7 +7,7 @@ _hidden = set(filter(None, os.environ.get("HYDRA_TEST_HIDE", "").split(",")))
 _find_spec = importlib.util.find_spec
 
 
-def _fake_find_spec(name, package=None):  # noqa: ANN001, ANN202
+def _fake_find_spec(name, package=None):
     if name.split(".")[0] in _hidden:
         return None
     return _find_spec(name, package)
