@@ -97,10 +97,31 @@ for _name, _doc in [
     ("fuse", "Fuse the members into one Hydra model (safetensors + JSON config) and print its summary."),
     ("export", "Export ONNX graphs (Hydra with both lowerings, single model, members; FP16/BF16 variants)."),
     ("build", "Build TensorRT engines where tensorrt and a CUDA GPU are available."),
-    ("parity", "Numerical and UQ-metric parity of every engine vs the PyTorch reference (exit 1 on failure)."),
     ("report", "Write the results report (Markdown + HTML)."),
 ]:
     _stage_command(_name, _doc)
+
+
+@app.command()
+def parity(
+    recipe: RecipeArg,
+    profile: ProfileOpt = None,
+    force: ForceOpt = None,
+    rescue: Annotated[bool, typer.Option("--rescue", help="for failing FP16/BF16 graphs, find the smallest set "
+                                         "of nodes to keep in FP32 and write the passing graph")] = False,
+) -> None:
+    """Numerical and UQ-metric parity of every engine vs the PyTorch reference (exit 1 on failure)."""
+    from toolchain.pipeline import run_pipeline
+    from toolchain.stages import parity_outcome, rescue_failing_graphs
+
+    ctx = _context(recipe, profile, force)
+    run_pipeline(ctx, until="parity")
+    if rescue:
+        results = rescue_failing_graphs(ctx)
+        if results and all(r["passed"] for r in results):
+            console.print(f"[green]rescued[/green]: {len(results)} graph(s) in {ctx.root / 'rescue'}")
+            return
+    parity_outcome(ctx)
 
 
 @app.command()

@@ -727,3 +727,51 @@ def report_stage(ctx: Context, work: Path) -> dict[str, Any]:
     return {}
 
 
+
+
+def rescue_failing_graphs(ctx: Context) -> list[dict[str, Any]]:
+    """Run ``parity --rescue``: make failing FP16/BF16 ONNX Runtime graphs pass.
+
+    For each, search the smallest set of nodes to keep in FP32 and write the passing graph to
+    ``<artifacts>/rescue/`` (a folder with its own manifest).
+    """
+    from toolchain.artifacts import StageDir
+    from toolchain.engines import make_runner
+    from toolchain.hydra.fuse import load_hydra
+    from toolchain.models.wrappers import SingleModel
+    from toolchain.parity import rescue_precision
+
+    verdict = read_json(ctx.stage_dir("parity") / "verdict.json")
+    graphs = read_json(ctx.stage_dir("export") / "graphs.json")
+    failing = sorted({p.split()[0].split(":", 1)[1] for g in verdict["groups"].values() for p in g["problems"]
+                      if p.split()[0].startswith("onnxrt-cpu:")})
+    failing = [f for f in failing if f in graphs and graphs[f]["precision"] in ("fp16", "bf16")]
+    if not failing:
+        ctx.console.print("  rescue: no failing FP16/BF16 graph to rescue")
+        return []
+    _m, base, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    names = list(graphs["single"]["inputs"])
+    generated, ident, ood = parity_inputs(ctx, names, tok)
+    sd = StageDir(ctx.root, "rescue", key=ctx.key("parity"))
+    work = sd.begin()
+    results = []
+    try:
+        for name in failing:
+            g = graphs[name]
+            module = load_hydra(ctx.stage_dir("fuse") / "hydra") if g["kind"] == "hydra" else SingleModel(base)
+            outputs = ["probs", "member_logits"] if g["kind"] == "hydra" else ["logits", "probs"]
+            reference = make_runner("torch", module=module, input_specs=_input_specs(ctx, names),
+                                    output_names=outputs, name="torch-reference")
+            fp32 = ctx.stage_dir("export") / g["path"].replace(f".{g['precision']}", "")
+            res = rescue_precision(fp32, work / g["path"], g["precision"], reference, generated, ident, ood,
+                                   uq_tolerances=parity_tolerances(ctx).get("uq_tolerances"))
+            results.append({"graph": name, "passed": res.passed, "kept_fp32_nodes": list(res.kept_fp32_nodes),
+                            "path": g["path"]})
+            ctx.console.print(f"  rescue {name}: {'pass' if res.passed else 'FAIL'} keeping "
+                              f"{len(res.kept_fp32_nodes)} node(s) in FP32: {', '.join(res.kept_fp32_nodes[:8])}")
+        atomic_write_json(work / "rescue.json", results)
+        sd.publish({"rescued": [r["graph"] for r in results if r["passed"]]})
+    except BaseException:
+        sd.abort()
+        raise
+    return results
