@@ -66,6 +66,7 @@ def run(recipe: RecipeArg, profile: ProfileOpt = None, force: ForceOpt = None) -
 
     status = run_pipeline(ctx)
     ran = [k for k, v in status.items() if v == "ran"]
+    _print_summary(ctx)
     parity_outcome(ctx)
     console.print(f"[green]done[/green]: {len(status)} stages ({len(ran)} ran, {len(status) - len(ran)} up to date)")
 
@@ -154,6 +155,30 @@ def verify(artifacts_dir: Annotated[Path, typer.Argument(help="artifacts folder 
             console.print(f"[red]x[/red] {p}")
         raise CheckFailed(f"{len(problems)} problem(s) in '{artifacts_dir}'.")
     console.print(f"[green]ok[/green]: every file under '{artifacts_dir}' matches its manifest")
+
+
+def _print_summary(ctx) -> None:
+    """One screen at the end of ``run``: UQ metrics per variant, parity status, where the report is."""
+    import json
+
+    from rich.table import Table
+
+    try:
+        metrics = json.loads((ctx.stage_dir("evaluate") / "metrics.json").read_text())
+        verdict = json.loads((ctx.stage_dir("parity") / "verdict.json").read_text())
+    except (OSError, ValueError):
+        return
+    table = Table(title=f"{ctx.recipe.name}: test split (ID) and OOD test split")
+    keys = ["accuracy", "nll", "ece", "brier", "auroc_msp", "fpr95_msp", "auroc_mi"]
+    table.add_column("variant")
+    for k in keys:
+        table.add_column(k, justify="right")
+    for name in ("single", "deep-ensemble", "hydra", "hydra-members-mean"):
+        if name in metrics:
+            table.add_row(name, *[f"{metrics[name][k]:.4f}" if k in metrics[name] else "-" for k in keys])
+    console.print(table)
+    groups = ", ".join(f"{g}: {r['status']}" for g, r in verdict["groups"].items())
+    console.print(f"parity: {groups}; report: {ctx.stage_dir('report') / 'report.html'}")
 
 
 def _on_sigterm(signum: int, _frame: object) -> None:

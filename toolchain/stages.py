@@ -715,9 +715,27 @@ def parity_outcome(ctx: Context) -> None:
     raise {1: CheckFailed, 3: MissingDependencyError}.get(code, ToolchainError)(text)
 
 
+# ---------------------------------------------------------------------------- latency
+@stage("bench", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines", "bench"),
+       upstream=("export", "build"), summary="latency and size: single model vs deep ensemble vs Hydra")
+def bench_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """Interleaved latency rounds on every engine the recipe names (``latency.{json,md,png}``)."""
+    from toolchain.bench import run_bench
+
+    b = ctx.recipe.bench
+    engines = [e for e in ctx.recipe.engines if e != "torch"]
+    result = run_bench(ctx.stage_dir("export"), batch_sizes=b.batch_sizes, sequence_length=b.sequence_length,
+                       threads=b.threads, warmup=b.warmup, rounds=b.rounds, engines=engines, out_dir=work,
+                       progress=ctx.progress)
+    md = work / "latency.md"
+    if md.exists():
+        ctx.console.print(md.read_text().split("### Ratios")[0].split("### Latency")[-1].strip()[:3000])
+    return {"engines": engines, "skipped": result.get("skipped", {}) if isinstance(result, dict) else {}}
+
+
 # ---------------------------------------------------------------------------- report
 @stage("report", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines", "bench"),
-       upstream=("evaluate", "parity"), summary="results report (Markdown + HTML with plots)")
+       upstream=("evaluate", "parity", "bench"), summary="results report (Markdown + HTML with plots)")
 def report_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """``report.md`` and ``report.html`` from every stage's outputs."""
     from toolchain.report import build_report
