@@ -98,6 +98,7 @@ for _name, _doc in [
     ("fuse", "Fuse the members into one Hydra model (safetensors + JSON config) and print its summary."),
     ("export", "Export ONNX graphs (Hydra with both lowerings, single model, members; FP16/BF16 variants)."),
     ("build", "Build TensorRT engines where tensorrt and a CUDA GPU are available."),
+    ("bench", "Latency and size: single model vs deep ensemble vs Hydra, interleaved rounds (JSON, Markdown, PNG)."),
     ("report", "Write the results report (Markdown + HTML)."),
 ]:
     _stage_command(_name, _doc)
