@@ -157,7 +157,12 @@ def rule_listed_op(node: onnx.NodeProto, ctx: RuleContext) -> str | None:
 
 
 def rule_decomposed_layernorm(node: onnx.NodeProto, ctx: RuleContext) -> str | None:
-    """Sub/Pow/Add/Sqrt/Div of a LayerNorm that the exporter decomposed."""
+    """Nodes of a decomposed LayerNorm, kept whenever ``LayerNormalization`` is kept FP32.
+
+    A ``keep_fp32_ops`` list without ``LayerNormalization`` lets both forms go low precision.
+    """
+    if "LayerNormalization" not in ctx.keep_ops:
+        return None
     return ctx.layernorm_nodes.get(node.name)
 
 
