@@ -458,8 +458,8 @@ def export_one(ctx: Context, module: torch.nn.Module, outputs: list[str], path: 
 def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """Export every graph the later stages run.
 
-    FP32 graphs of Hydra (each lowering), the single model and each deep-ensemble member, plus
-    FP16/BF16 variants of Hydra and the single model.
+    FP32 graphs of Hydra (each lowering), the single model and each deep-ensemble member, and
+    their FP16/BF16 variants (the recipe's ``export.precisions``).
     """
     from toolchain.export.precision import write_precision_variant
     from toolchain.models.wrappers import SingleModel
@@ -477,7 +477,8 @@ def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
         _m, member, _t = load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")
         graphs[f"member{i}"] = {"kind": "member", "precision": "fp32",
                                 **export_one(ctx, SingleModel(member), ["logits", "probs"], work / f"member{i}.onnx")}
-    for base in [f"hydra-{low}" for low in e.lowerings] + ["single"]:
+    members = [f"member{i}" for i in range(1, ctx.recipe.pruning.members)]
+    for base in [f"hydra-{low}" for low in e.lowerings] + ["single", *members]:
         for prec in [p for p in e.precisions if p != "fp32"]:
             name = f"{base}.{prec}"
             res = write_precision_variant(work / f"{base}.onnx", work / f"{name}.onnx", prec)
