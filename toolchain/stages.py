@@ -513,7 +513,7 @@ def _outputs(ctx: Context, module: torch.nn.Module, split: str, tok: Any, names:
 def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """UQ metrics on the ID test split and the OOD test split, with plots and per-sample outputs."""
     from toolchain.hydra.fuse import load_hydra
-    from toolchain.metrics import reliability_bins, uq_report
+    from toolchain.metrics import ensemble_probs, member_probs, reliability_bins, uq_report
     from toolchain.metrics.plots import plot_ood_histograms, plot_reliability
     from toolchain.models.wrappers import SingleModel
 
@@ -530,17 +530,13 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     hyd = {s: _outputs(ctx, hydra, s, tok, names) for s in splits}
     labels = np.asarray(ctx.data["test"].labels)
 
-    def softmax(x: np.ndarray) -> np.ndarray:
-        e = np.exp(x - x.max(-1, keepdims=True))
-        return e / e.sum(-1, keepdims=True)
-
     variants: dict[str, dict[str, np.ndarray | None]] = {
         "single": {"probs_id": single["test"]["probs"], "probs_ood": single.get("ood_test", {}).get("probs")},
     }
     de_id = np.stack([m["test"] for m in members], 1)
     de_ood = np.stack([m["ood_test"] for m in members], 1) if has_ood else None
-    variants["deep-ensemble"] = {"probs_id": softmax(de_id).mean(1), "probs_ood": None if de_ood is None
-                                 else softmax(de_ood).mean(1), "member_logits_id": de_id, "member_logits_ood": de_ood}
+    variants["deep-ensemble"] = {"probs_id": ensemble_probs(de_id), "probs_ood": None if de_ood is None
+                                 else ensemble_probs(de_ood), "member_logits_id": de_id, "member_logits_ood": de_ood}
     variants["hydra"] = {"probs_id": hyd["test"]["probs"], "probs_ood": hyd.get("ood_test", {}).get("probs"),
                          "member_logits_id": hyd["test"]["member_logits"],
                          "member_logits_ood": hyd.get("ood_test", {}).get("member_logits")}
@@ -559,8 +555,8 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     # each Hydra member on its own: the ensemble gain is ensemble minus the mean member
     per_member = []
     for i in range(hyd["test"]["member_logits"].shape[1]):
-        ood_p = softmax(hyd["ood_test"]["member_logits"][:, i]) if has_ood else None
-        per_member.append(uq_report(softmax(hyd["test"]["member_logits"][:, i]), labels, probs_ood=ood_p))
+        ood_p = member_probs(hyd["ood_test"]["member_logits"])[:, i] if has_ood else None
+        per_member.append(uq_report(member_probs(hyd["test"]["member_logits"])[:, i], labels, probs_ood=ood_p))
     metrics["hydra-members-mean"] = {k: float(np.mean([p[k] for p in per_member])) for k in per_member[0]}
     atomic_write_json(work / "metrics.json", metrics)
     np.savez_compressed(work / "outputs.npz", labels=labels,
@@ -668,7 +664,8 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
                 precisions[tl] = info["precision"]
         verdict = run_parity(reference, candidates, generated, ident, ood, out_dir=work / group,
                              precisions=precisions, **parity_tolerances(ctx))
-        results[group] = {"exit_code": verdict.exit_code, "status": verdict.status, "problems": verdict.problems()}
+        results[group] = {"exit_code": verdict.exit_code, "status": verdict.status, "problems": verdict.problems(),
+                          "failing_engines": sorted({c.engine for c in verdict.failures})}
         ctx.console.print(f"  {group}: {verdict.status} ({len(candidates)} engines)")
         for p in verdict.problems():
             ctx.console.print(f"    [red]x[/red] {p}")
@@ -762,8 +759,8 @@ def rescue_failing_graphs(ctx: Context) -> list[dict[str, Any]]:
 
     verdict = read_json(ctx.stage_dir("parity") / "verdict.json")
     graphs = read_json(ctx.stage_dir("export") / "graphs.json")
-    failing = sorted({p.split()[0].split(":", 1)[1] for g in verdict["groups"].values() for p in g["problems"]
-                      if p.split()[0].startswith("onnxrt-cpu:")})
+    engines = {e for g in verdict["groups"].values() for e in g.get("failing_engines", [])}
+    failing = sorted(e.split(":", 1)[1] for e in engines if e.startswith("onnxrt-cpu:"))
     failing = [f for f in failing if f in graphs and graphs[f]["precision"] in ("fp16", "bf16")]
     if not failing:
         ctx.console.print("  rescue: no failing FP16/BF16 graph to rescue")
