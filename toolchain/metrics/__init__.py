@@ -3,7 +3,8 @@
 Pure functions over numpy arrays (and scikit-learn where it computes the metric). Conventions
 are documented in each module: :mod:`.classification` (NLL clip 1e-12, Brier summed over classes,
 ECE bin rule [lo, hi)), :mod:`.ood` (OOD positive, FPR at the first ROC point with TPR >= 0.95),
-:mod:`.scores` (entropy of the mean vs mean entropy, MI, argmax disagreement rate).
+:mod:`.scores` (entropy of the mean vs mean entropy, MI, argmax disagreement rate), :mod:`.gain`
+(ensemble minus mean member, paired-bootstrap confidence intervals).
 
 The plotting helpers (:func:`plot_reliability`, :func:`plot_ood_histograms`) live in
 :mod:`toolchain.metrics.plots`; they are re-exported here lazily so importing the metrics does
@@ -26,6 +27,7 @@ from toolchain.metrics.classification import (
     nll,
     reliability_bins,
 )
+from toolchain.metrics.gain import GAIN_METRICS, bootstrap_auroc, ensemble_gain
 from toolchain.metrics.ood import (
     TPR_TARGET,
     aupr,
@@ -50,6 +52,7 @@ _LAZY_PLOTS = ("plot_ood_histograms", "plot_reliability")
 
 __all__ = [
     "DEFAULT_N_BINS",
+    "GAIN_METRICS",
     "NLL_EPS",
     "TPR_TARGET",
     "MetricInputError",
@@ -58,9 +61,11 @@ __all__ = [
     "aupr",
     "auroc",
     "bin_edges",
+    "bootstrap_auroc",
     "brier",
     "disagreement",
     "ece",
+    "ensemble_gain",
     "ensemble_probs",
     "entropy_score",
     "expected_entropy",

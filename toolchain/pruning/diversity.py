@@ -8,6 +8,9 @@
   argmax of the mean of the members' softmax probabilities (ties: lowest class index); a member's
   disagreement is the fraction of samples where its argmax differs from the ensemble's. Also
   reported: the mean over member pairs of the fraction of samples where the two argmaxes differ.
+* Pairwise KL, from member logits ``[M, N, C]``: ``KL(p_i || p_j) = sum_c p_i,c (log p_i,c - log p_j,c)``
+  (natural log) from float64 log-softmax, averaged over the ``N`` samples, for every ordered pair;
+  the summary is the mean over the ``M (M - 1)`` ordered pairs ``i != j`` (KL is not symmetric).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["jaccard", "pairwise_jaccard", "prediction_disagreement"]
+__all__ = ["jaccard", "pairwise_jaccard", "pairwise_kl", "prediction_disagreement"]
 
 
 def jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -69,6 +72,13 @@ def pairwise_jaccard(masks: Sequence[torch.Tensor] | torch.Tensor) -> dict[str, 
     }
 
 
+def _member_logits(member_logits: torch.Tensor) -> torch.Tensor:
+    x = torch.as_tensor(member_logits)
+    if x.dim() != 3 or x.shape[0] < 2 or x.shape[1] < 1 or x.shape[2] < 1:
+        raise ValueError(f"member_logits must be [M >= 2, N >= 1, C >= 1], got shape {tuple(x.shape)}")
+    return x.double()
+
+
 def prediction_disagreement(member_logits: torch.Tensor) -> dict[str, Any]:
     """How often members' predictions differ (see the module docstring).
 
@@ -80,10 +90,7 @@ def prediction_disagreement(member_logits: torch.Tensor) -> dict[str, Any]:
         "pairwise_mean": mean over pairs of the fraction of differing argmaxes,
         "ensemble_pred": [N] ensemble argmax}``.
     """
-    x = torch.as_tensor(member_logits)
-    if x.dim() != 3 or x.shape[0] < 2 or x.shape[1] < 1:
-        raise ValueError(f"member_logits must be [M >= 2, N >= 1, C], got shape {tuple(x.shape)}")
-    x = x.double()
+    x = _member_logits(member_logits)
     preds = x.argmax(dim=-1)  # [M, N]
     ens = torch.softmax(x, dim=-1).mean(dim=0).argmax(dim=-1)  # [N]
     per_member = (preds != ens[None, :]).double().mean(dim=1)
@@ -95,3 +102,29 @@ def prediction_disagreement(member_logits: torch.Tensor) -> dict[str, Any]:
         "pairwise_mean": pairwise,
         "ensemble_pred": ens.tolist(),
     }
+
+
+def pairwise_kl(member_logits: torch.Tensor) -> dict[str, Any]:
+    """Mean KL divergence between the members' predictive distributions (see the module docstring).
+
+    Args:
+        member_logits: ``[M, N, C]`` finite logits (or log-probabilities) of ``M >= 2`` members.
+
+    Returns:
+        ``{"mean": mean over ordered pairs i != j of matrix[i][j], "matrix": [M][M] with
+        matrix[i][j] = mean over samples of KL(p_i || p_j) in nats (0 on the diagonal)}``.
+
+    Raises:
+        ValueError: wrong shape or a non-finite logit.
+    """
+    x = _member_logits(member_logits)
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("member_logits must be finite (no NaN/Inf)")
+    logp = torch.log_softmax(x, dim=-1)  # [M, N, C]
+    p = logp.exp()
+    n_members = x.shape[0]
+    # row i: mean_n sum_c p_i (log p_i - log p_j) for every j, one [M, N, C] block at a time
+    kl = torch.stack([(p[i] * (logp[i] - logp)).sum(dim=-1).mean(dim=1) for i in range(n_members)])
+    kl = kl.clamp_min(0.0)  # KL >= 0; rounding can give about -1e-17 for equal members
+    kl.fill_diagonal_(0.0)
+    return {"mean": float(kl.sum()) / (n_members * (n_members - 1)), "matrix": kl.tolist()}
