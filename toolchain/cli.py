@@ -1,8 +1,9 @@
 """``hydra-toolchain``: argument parsing only; the work is in :mod:`toolchain.pipeline`.
 
 Exit codes: 0 success; 1 a check failed (parity, lint, verify); 2 bad input (recipe, files,
-shapes); 3 a needed optional component is missing (TensorRT, CUDA, a data package); 4 an
-internal error (a bug: rerun with ``--debug`` and report the traceback); 130 interrupted.
+data, input names/dtypes/shapes, an engine from another TensorRT version or GPU); 3 a needed
+optional component is missing (TensorRT, CUDA, a data package); 4 an internal error (a bug:
+rerun with ``--debug`` and report the traceback); 130 interrupted (completed stages are kept).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Annotated
 import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from toolchain.errors import ToolchainError
 
@@ -24,6 +26,9 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Turn a Hugging Face transformer into a pruned, fused Hydra ensemble, ONNX / TensorRT engines, "
     "a parity verdict and a latency report, from one recipe file.",
+    epilog="Exit codes: 0 success; 1 a check failed (parity, lint, verify); 2 bad input (recipe, files, data, "
+    "inference inputs, an engine from another TensorRT version or GPU); 3 a missing optional component (TensorRT, "
+    "CUDA, a data package); 4 internal error (rerun with --debug); 130 interrupted (completed stages are kept).",
 )
 console = Console(stderr=True, soft_wrap=True)
 _STATE = {"debug": False}
@@ -46,7 +51,20 @@ def _context(recipe: Path, profile: str | None, force: list[str] | None = None):
     unknown = forced - set(STAGES)
     if unknown:
         raise ToolchainError(f"--force: unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(STAGES)}).")
-    return Context(recipe=load_recipe(recipe, profile=profile), console=console, force=forced)
+    loaded = _resolve_data_files(load_recipe(recipe, profile=profile), Path(recipe).resolve().parent)
+    return Context(recipe=loaded, console=console, force=forced)
+
+
+def _resolve_data_files(recipe, base: Path):
+    """``data.id`` / ``data.ood`` of the form ``csv:RELATIVE`` are resolved against the recipe's folder."""
+    from toolchain.data.csv_sets import resolve_csv_id
+
+    data = recipe.data
+    changed = {k: resolve_csv_id(v, base) for k in ("id", "ood") if (v := getattr(data, k))}
+    changed = {k: v for k, v in changed.items() if v != getattr(data, k)}
+    if not changed:
+        return recipe
+    return recipe.model_copy(update={"data": data.model_copy(update=changed)})
 
 
 def _run(recipe: Path, profile: str | None, force: list[str] | None, until: str | None = None,
@@ -93,6 +111,7 @@ def _stage_command(stage: str, doc: str):
 
 
 for _name, _doc in [
+    ("finetune", "Fine-tune the base classifier on the training split (runs load first when needed)."),
     ("score", "Score every attention head (runs load and fine-tuning first when needed)."),
     ("prune", "Make the M pruned members and their diversity report."),
     ("fuse", "Fuse the members into one Hydra model (safetensors + JSON config) and print its summary."),
@@ -139,9 +158,119 @@ def lint(
         raise ToolchainError(f"--target {target!r} is not supported; use --target tensorrt.")
     report = lint_tensorrt(onnx_file, trt_version=trt_version)
     for finding in report.findings:
-        console.print(f"{finding}")
+        console.print(escape(str(finding)), highlight=False)
     report.raise_if_failed()
     console.print(f"[green]ok[/green]: {onnx_file} passes the TensorRT {trt_version} lint")
+
+
+_GRAPH_KINDS = {".onnx": "onnxrt-cpu", ".engine": "tensorrt", ".plan": "tensorrt", ".trt": "tensorrt"}
+_INFER_ENGINES = ("onnxrt-cpu", "onnxrt-cuda", "tensorrt")
+
+
+def _read_inputs(path: Path) -> dict:
+    """The named arrays of an ``.npz`` file (ToolchainError naming the file when it cannot be used)."""
+    import zipfile
+
+    import numpy as np
+
+    how = f"write it with numpy.savez('{path.name}', input_name=array, ...) using the graph's input names"
+    if not path.is_file():
+        raise ToolchainError(f"inputs file '{path}' does not exist; {how}.")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise ToolchainError(f"inputs file '{path}' holds a single unnamed array (.npy), not named arrays; "
+                                 f"{how}.")
+        with loaded:
+            feed = {k: loaded[k] for k in loaded.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ToolchainError(f"cannot read inputs file '{path}' as .npz ({first}); {how}.") from None
+    if not feed:
+        raise ToolchainError(f"inputs file '{path}' holds no arrays; {how}.")
+    return feed
+
+
+def _describe_specs(specs) -> str:
+    """``'x' float32 [batch, 6], 'mask' int64 [batch, 6]`` for messages."""
+
+    def dims(shape) -> str:
+        return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+    return ", ".join(f"'{n}' {s.dtype if s.dtype is not None else '?'} {dims(s.shape)}" for n, s in specs.items())
+
+
+@app.command()
+def infer(
+    graph: Annotated[Path, typer.Argument(help="an ONNX file (.onnx) or a TensorRT engine (.engine / .plan)",
+                                          show_default=False)],
+    inputs: Annotated[Path, typer.Option("--inputs", "-i", help=".npz file: one array per graph input, keyed "
+                                         "by input name", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help=".npz file to write the outputs to (atomically)",
+                                      show_default=False)],
+    engine: Annotated[str | None, typer.Option("--engine", "-e", help="onnxrt-cpu | onnxrt-cuda | tensorrt "
+                                               "(default: onnxrt-cpu for .onnx, tensorrt for .engine/.plan)")] = None,
+) -> None:
+    """Run an ONNX graph or a TensorRT engine on named arrays (.npz) and write its outputs (.npz).
+
+    Inputs are checked first (names, dtypes, ranks, static dims, the engine profile's min/max): exit 2 on a bad feed.
+    Nothing is written unless inference succeeds. Example: infer model.onnx --inputs in.npz --out out.npz
+    """
+    import io
+
+    import numpy as np
+
+    from toolchain.artifacts import atomic_write_bytes
+    from toolchain.engines import make_runner
+    from toolchain.errors import FeedError, GraphError
+
+    suffix = graph.suffix.lower()
+    kind = engine or _GRAPH_KINDS.get(suffix)
+    if kind is None:
+        raise ToolchainError(f"cannot tell what '{graph}' is from its suffix '{suffix}'; pass --engine "
+                             f"({' | '.join(_INFER_ENGINES)}) or use .onnx / .engine / .plan.")
+    if kind not in _INFER_ENGINES:
+        raise ToolchainError(f"--engine {kind!r} is not supported here; choose one of {', '.join(_INFER_ENGINES)}.")
+    if not graph.is_file():
+        what = "engine" if kind == "tensorrt" else "ONNX file"
+        raise GraphError(f"{what} '{graph}' does not exist" + (" (a folder was given)" if graph.is_dir() else "")
+                         + "; check the path (hydra-toolchain export / build write them under the artifacts folder).")
+    if kind == "tensorrt" and suffix == ".onnx":
+        raise ToolchainError(f"--engine tensorrt runs a built engine, and '{graph}' is an ONNX file; build an engine "
+                             "with hydra-toolchain build, or run the ONNX file with --engine onnxrt-cpu.")
+    if kind != "tensorrt" and suffix in (".engine", ".plan", ".trt"):
+        raise ToolchainError(f"'{graph}' is a TensorRT engine; ONNX Runtime runs .onnx files. Use --engine tensorrt.")
+    if out.resolve() in (graph.resolve(), inputs.resolve()):
+        raise ToolchainError(f"--out '{out}' would overwrite an input; choose another output file.")
+    feed = _read_inputs(inputs)
+    runner = (make_runner("tensorrt", engine_path=graph, name=graph.name) if kind == "tensorrt"
+              else make_runner(kind, path=graph, name=f"{graph.name} ({kind})"))
+    specs: dict = {}
+    if kind == "tensorrt":  # the sidecar (missing or malformed: a clear error) describes the inputs
+        from toolchain.engines.tensorrt import feed_specs, read_sidecar
+
+        specs = feed_specs(read_sidecar(graph))[0]
+    try:
+        runner.precheck(feed)  # TensorRT: the sidecar's inputs and profile, before TensorRT is needed
+        with runner:
+            specs = runner.input_specs()
+            outputs = runner.infer(feed)
+    except FeedError as exc:
+        expected = f" {graph.name} expects {_describe_specs(specs)}." if specs else ""
+        raise FeedError(exc.message.rstrip(".") + f" (inputs file '{inputs}')." + expected, hint=exc.hint) from None
+    buffer = io.BytesIO()
+    np.savez(buffer, **outputs)
+    atomic_write_bytes(out, buffer.getvalue())
+    for name, value in outputs.items():
+        note = ""
+        if value.dtype.kind in "fc" and not np.isfinite(value).all():
+            flat = int(np.argmax(~np.isfinite(value).reshape(-1)))
+            index = tuple(int(i) for i in np.unravel_index(flat, value.shape))
+            note = (f"  [yellow]warning: {float(value.reshape(-1)[flat])!r} at index {index} "
+                    "(first NaN/Inf)[/yellow]")
+        console.print(f"  {escape(name)}: {value.dtype} {escape(str(list(value.shape)))}{note}", highlight=False)
+    console.print(f"[green]ok[/green]: {len(outputs)} output(s) of {escape(graph.name)} ({kind}) written to "
+                  f"{escape(str(out))}", highlight=False)
 
 
 @app.command()
@@ -153,7 +282,7 @@ def verify(artifacts_dir: Annotated[Path, typer.Argument(help="artifacts folder 
     problems = verify_tree(artifacts_dir)
     if problems:
         for p in problems:
-            console.print(f"[red]x[/red] {p}")
+            console.print(f"[red]x[/red] {escape(str(p))}", highlight=False)
         raise CheckFailed(f"{len(problems)} problem(s) in '{artifacts_dir}'.")
     console.print(f"[green]ok[/green]: every file under '{artifacts_dir}' matches its manifest")
 
@@ -202,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     except ToolchainError as exc:
         if debug:
             raise
-        console.print(f"[red]error[/red]: {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error[/red]: {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         console.print("interrupted", highlight=False)
@@ -218,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if debug:
             raise
-        console.print(f"[red]internal error[/red]: {type(exc).__name__}: {exc}. Rerun with --debug for the "
-                      "traceback and report it.", highlight=False, soft_wrap=True)
+        console.print(f"[red]internal error[/red]: {type(exc).__name__}: {escape(str(exc))}. Rerun with --debug "
+                      "for the traceback and report it.", highlight=False, soft_wrap=True)
         sys.exit(4)
     sys.exit(0)

@@ -7,8 +7,10 @@ Exit codes (documented in the README):
 
 * 0 - success, every check passed
 * 1 - a check failed (parity, lint, verify)
-* 2 - the run could not happen: bad recipe, missing file, bad input (``ToolchainError``)
+* 2 - the run could not happen: bad recipe, missing or broken file, bad data, bad inference
+  inputs, an engine from another TensorRT version or GPU (``ToolchainError``)
 * 3 - a required optional component is unavailable (TensorRT, CUDA, a data package)
+* 4 - an internal error (a bug): the CLI says so and to rerun with ``--debug`` for the traceback
 * 130 - interrupted (SIGINT / SIGTERM); completed artifacts are kept, the stage resumes next run
 """
 
@@ -50,6 +52,10 @@ class GraphError(ToolchainError):
 
 class EngineError(ToolchainError):
     """An engine cannot be built, loaded or run (wrong version, GPU, inputs, shapes)."""
+
+
+class FeedError(EngineError):
+    """The arrays given to a graph or engine do not match its inputs (names, dtypes, shapes, profile)."""
 
 
 class ArtifactError(ToolchainError):

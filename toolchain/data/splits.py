@@ -106,12 +106,15 @@ def check_classes(data: D, split_name: str, min_classes: int = 2) -> D:
     """
     if len(data) == 0:
         raise DataError(f"split '{split_name}' ({data.name}) is empty")
-    present = [c for c, k in data.class_counts().items() if k > 0]
+    counts = data.class_counts()
+    present = [c for c, k in counts.items() if k > 0]
     if len(present) < min_classes:
+        absent = [c for c, k in counts.items() if k == 0]
+        lacks = f"; it has no example of {', '.join(repr(c) for c in absent[:5])}" if absent else ""
         raise DataError(
             f"split '{split_name}' ({data.name}, {len(data)} examples) has {len(present)} "
-            f"class(es) ({', '.join(present)}) but needs at least {min_classes}.",
-            hint="Use a larger split, stratify=True, or a data set with more classes.",
+            f"class(es) ({', '.join(present)}) but needs at least {min_classes}{lacks}.",
+            hint=f"Make data.splits.{split_name} larger, use stratify=True, or add examples of the rarer classes.",
         )
     return data
 

@@ -26,7 +26,7 @@ from typing import NamedTuple, Self
 
 import numpy as np
 
-from toolchain.errors import EngineError
+from toolchain.errors import EngineError, FeedError
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +34,12 @@ Dim = int | str | None
 
 
 class TensorSpec(NamedTuple):
-    """dtype and shape of one input; a dim is an ``int`` (static), a name or None (dynamic)."""
+    """dtype and shape of one input; a dim is an ``int`` (static), a name or None (dynamic).
 
-    dtype: np.dtype
+    ``dtype`` None means unknown (not checked): an engine checked from its sidecar profile only.
+    """
+
+    dtype: np.dtype | None
     shape: tuple[Dim, ...]
 
 
@@ -54,8 +57,9 @@ def check_feed(
     limits: Mapping[str, ShapeLimits] | None = None,
     max_batch: int | None = None,
     runner: str = "runner",
+    complete: bool = True,
 ) -> None:
-    """Validate one feed against the input specs; raise one :class:`EngineError` listing every problem.
+    """Validate one feed against the input specs; raise one :class:`FeedError` listing every problem.
 
     Args:
         feed: input name -> numpy array.
@@ -63,21 +67,23 @@ def check_feed(
         limits: input name -> per-axis (min, max) bounds (TensorRT profile).
         max_batch: the largest allowed size of axis 0 of every input.
         runner: name used in the message.
+        complete: ``specs`` lists every input (False: names outside it are not reported as unknown).
     """
     problems: list[str] = []
-    unknown = sorted(set(feed) - set(specs))
+    unknown = sorted(set(feed) - set(specs)) if complete else []
     missing = sorted(set(specs) - set(feed))
     if unknown:
         problems.append(f"unknown input(s) {unknown} (expected {sorted(specs)})")
     if missing:
         problems.append(f"missing input(s) {missing}")
     named: dict[str, tuple[str, int]] = {}
+    advice: set[str] = set()
     for name in sorted(set(feed) & set(specs)):
         value, spec = feed[name], specs[name]
         if not isinstance(value, np.ndarray):
             problems.append(f"input '{name}' is a {type(value).__name__}; pass a numpy array")
             continue
-        if value.dtype != spec.dtype:
+        if spec.dtype is not None and value.dtype != spec.dtype:
             problems.append(
                 f"input '{name}' has dtype {value.dtype}, expected {spec.dtype} (use .astype(np.{spec.dtype}))"
             )
@@ -88,6 +94,9 @@ def check_feed(
         for axis, (size, dim) in enumerate(zip(value.shape, spec.shape)):
             if isinstance(dim, int) and dim >= 0 and size != dim:
                 problems.append(f"input '{name}' axis {axis} is {size}, expected {dim}")
+                if axis == 0:
+                    advice.add("the batch size is fixed in this graph: split the input or re-export with a dynamic "
+                               "batch")
             elif isinstance(dim, str):
                 first = named.setdefault(dim, (name, size))
                 if first[1] != size:
@@ -95,15 +104,16 @@ def check_feed(
         if max_batch is not None and value.ndim and value.shape[0] > max_batch:
             problems.append(f"input '{name}' batch {value.shape[0]} is over the maximum {max_batch}; split the batch")
         bounds = (limits or {}).get(name)
-        if bounds is not None:
+        if bounds is not None and len(bounds.min_shape) == value.ndim == len(bounds.max_shape):
             for axis, size in enumerate(value.shape):
                 lo, hi = bounds.min_shape[axis], bounds.max_shape[axis]
                 if not lo <= size <= hi:
                     what = "batch" if axis == 0 else f"axis {axis}"
-                    problems.append(f"input '{name}' {what} {size} is outside the profile range {lo}..{hi}; "
-                                    "rebuild the engine with a wider profile or split the input")
+                    problems.append(f"input '{name}' {what} {size} is outside the profile range {lo}..{hi}")
+                    advice.add("rebuild the engine with a wider profile or split the input")
     if problems:
-        raise EngineError(f"{runner}: bad feed: " + "; ".join(problems) + ".")
+        raise FeedError(f"{runner}: bad feed: " + "; ".join(problems) + "".join(f" ({a})" for a in sorted(advice))
+                        + ".")
 
 
 class Runner(abc.ABC):
@@ -145,6 +155,15 @@ class Runner(abc.ABC):
     def _shape_limits(self) -> dict[str, ShapeLimits]:
         """Per-input axis bounds (TensorRT profiles); none by default."""
         return {}
+
+    def precheck(self, feed: Mapping[str, object]) -> bool:
+        """Check ``feed`` before activation, from what is known without loading (False: nothing known).
+
+        Backends whose activation is expensive or needs hardware (TensorRT reads its sidecar) override
+        this so that a bad feed is reported before anything is loaded; it raises the same
+        :class:`EngineError` as :meth:`infer`.
+        """
+        return False
 
     # ------------------------------------------------------------------------------ public API
     @property

@@ -178,7 +178,7 @@ def compare_output(
         with np.errstate(invalid="ignore", divide="ignore"):
             rel = abs_err / np.maximum(np.abs(ref_flat), _REL_FLOOR)
         result.max_rel_err = float(np.nanmax(rel)) if np.isfinite(rel).any() else math.inf
-        result.cosine = cosine_similarity(np.nan_to_num(cand_flat), ref_flat)
+        result.cosine = cosine_similarity(np.nan_to_num(cand_flat, posinf=0.0, neginf=0.0), ref_flat)
     agree = [argmax_agreement(r, c) for r, c in zip(refs, cands64)]
     if agree and all(a is not None for a in agree):
         hits, rows = sum(a[0] for a in agree), sum(a[1] for a in agree)  # type: ignore[index]

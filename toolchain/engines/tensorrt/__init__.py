@@ -12,6 +12,7 @@ from toolchain.engines.tensorrt.sidecar import (
     RuntimeIdentity,
     compatibility_problems,
     ensure_compatible,
+    feed_specs,
     read_sidecar,
     sidecar_path,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "build_engine",
     "compatibility_problems",
     "ensure_compatible",
+    "feed_specs",
     "graph_precision",
     "read_sidecar",
     "sidecar_path",

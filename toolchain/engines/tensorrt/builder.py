@@ -53,6 +53,30 @@ def graph_precision(model: onnx.ModelProto) -> Precision:
     return found.pop() if found else "fp32"  # type: ignore[return-value]
 
 
+def graph_inputs(model: onnx.ModelProto) -> dict[str, dict[str, Any]]:
+    """Graph inputs (not initializers) as ``{name: {"dtype": numpy name, "shape": dims}}`` for the sidecar.
+
+    Dims are ints when static, else the ``dim_param`` name (or None). BF16 inputs are fed as
+    float32 (numpy has no bfloat16), as :class:`~toolchain.engines.tensorrt.runner.TrtRunner` does.
+    """
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    from toolchain.export.graph import dims_of
+
+    weights = {i.name for i in model.graph.initializer}
+    out = {}
+    for value in model.graph.input:
+        if value.name in weights:
+            continue
+        elem = value.type.tensor_type.elem_type
+        try:
+            dtype = "float32" if elem == TensorProto.BFLOAT16 else tensor_dtype_to_np_dtype(elem).name
+        except (KeyError, ValueError, TypeError):
+            dtype = None
+        out[value.name] = {"dtype": dtype, "shape": dims_of(value)}
+    return out
+
+
 def _validate(precision: str, profile: ProfileShapes, workspace_gb: float) -> dict[str, list[list[int]]]:
     if precision not in ("fp32", "fp16", "bf16"):
         raise EngineError(f"build_engine: precision must be 'fp32', 'fp16' or 'bf16', got '{precision}'.")
@@ -157,7 +181,9 @@ def build_engine(
     """
     onnx_path, engine_path = Path(onnx_path), Path(engine_path)
     shapes = _validate(precision, profile, workspace_gb)
-    graph = graph_precision(load_checked(onnx_path, load_weights=False, check=False))
+    model = load_checked(onnx_path, load_weights=False, check=False)
+    graph = graph_precision(model)
+    inputs = graph_inputs(model)
     trt = import_tensorrt()
     require_cuda(device)
     major = int(str(trt.__version__).split(".")[0])
@@ -198,7 +224,7 @@ def build_engine(
         tensorrt_version=identity.tensorrt_version, gpu_name=identity.gpu_name,
         compute_capability=identity.compute_capability, precision=precision, strongly_typed=strongly_typed,
         profile=shapes, onnx_file=onnx_path.name, onnx_sha256=sha256_file(onnx_path), workspace_gb=workspace_gb,
-        built_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), notes=notes,
+        built_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), notes=notes, inputs=inputs,
     )
     atomic_write_json(sidecar_path(engine_path), sidecar.to_json())
     log.info("built %s (%s, TensorRT %s, %s)", engine_path, precision, identity.tensorrt_version, identity.gpu_name)

@@ -1,7 +1,8 @@
 """``TrtRunner``: a serialized TensorRT engine behind the runner contract.
 
-Activation reads the sidecar first and refuses an engine built with another TensorRT version or
-GPU (:func:`~toolchain.engines.tensorrt.sidecar.ensure_compatible`), then deserialises it and
+Activation reads the sidecar first (before importing TensorRT, so that a machine without it is
+told which TensorRT version and GPU the engine needs) and refuses an engine built with another
+TensorRT version or GPU (:func:`~toolchain.engines.tensorrt.sidecar.ensure_compatible`), then deserialises it and
 creates one execution context. Inference uses torch CUDA tensors as device buffers:
 ``context.set_input_shape`` and ``set_tensor_address`` per input, output buffers sized from
 ``context.get_tensor_shape``, ``execute_async_v3`` on a torch CUDA stream, then one synchronise.
@@ -9,15 +10,16 @@ creates one execution context. Inference uses torch CUDA tensors as device buffe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from toolchain.engines.base import Runner, ShapeLimits, TensorSpec
+from toolchain.engines.base import Runner, ShapeLimits, TensorSpec, check_feed
 from toolchain.engines.tensorrt._deps import current_identity, import_tensorrt, require_cuda
-from toolchain.engines.tensorrt.sidecar import ensure_compatible, read_sidecar
-from toolchain.errors import EngineError
+from toolchain.engines.tensorrt.sidecar import EngineSidecar, ensure_compatible, feed_specs, read_sidecar, sidecar_path
+from toolchain.errors import EngineError, MissingDependencyError
 from toolchain.export.fileio import sha256_file
 
 _TORCH_TYPES = {  # tensorrt.DataType member name -> (torch dtype name, numpy dtype for specs)
@@ -53,14 +55,38 @@ class TrtRunner(Runner):
         self._inputs: list[str] = []
         self._outputs: list[str] = []
 
+    def _sidecar(self) -> EngineSidecar:
+        """The engine's sidecar (EngineError when the engine or its sidecar is missing or malformed)."""
+        if not self.engine_path.is_file():
+            raise EngineError(f"engine file not found: {self.engine_path}; build it with build_engine "
+                              "(hydra-toolchain build) or fix the path.")
+        return read_sidecar(self.engine_path)
+
+    def precheck(self, feed: Mapping[str, object]) -> bool:
+        """Check ``feed`` against the sidecar (inputs, profile) without TensorRT or a GPU."""
+        specs, limits, complete = feed_specs(self._sidecar())
+        if not specs:
+            return False
+        check_feed(feed, specs, limits=limits, runner=self.name, complete=complete)
+        return True
+
     def _activate_impl(self) -> None:
-        trt = import_tensorrt()
-        require_cuda(self.device)
+        # the sidecar first (when the engine exists): it needs neither TensorRT nor a GPU, and
+        # a machine without them is told which TensorRT version and GPU the engine needs
+        sidecar = self._sidecar() if self.engine_path.is_file() else None
+        try:
+            trt = import_tensorrt()
+            require_cuda(self.device)
+        except MissingDependencyError as exc:
+            if sidecar is None:
+                raise
+            needs = (f" The engine {self.engine_path.name} needs {sidecar.needs()} "
+                     f"(from {sidecar_path(self.engine_path).name}).")
+            raise MissingDependencyError(exc.message + needs, hint=exc.hint) from exc
         import torch
 
-        if not self.engine_path.is_file():
-            raise EngineError(f"engine file not found: {self.engine_path}; build it with build_engine.")
-        sidecar = read_sidecar(self.engine_path)
+        if sidecar is None:
+            sidecar = self._sidecar()  # the engine file is missing: a clear EngineError
         ensure_compatible(sidecar, current_identity(trt, self.device), self.engine_path)
         if self.onnx_path is not None and sha256_file(self.onnx_path) != sidecar.onnx_sha256:
             raise EngineError(f"engine {self.engine_path.name} was built from another version of "

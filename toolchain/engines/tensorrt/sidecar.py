@@ -3,7 +3,9 @@
 A serialized TensorRT engine only runs with the TensorRT version that built it, on the same GPU
 model. The sidecar (``<engine>.json``) records what the engine was built with; before
 deserialising, :func:`ensure_compatible` compares it with the current machine and refuses with
-an :class:`EngineError` that says what differs and what to do. Pure functions: tested on CPU.
+an :class:`EngineError` that says what differs and what to do. The sidecar also records the
+profile and the inputs, so that a feed can be checked (:func:`feed_specs`) before TensorRT is even
+imported. Pure functions: tested on CPU.
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ class EngineSidecar:
     built_at: str
     schema: int = SIDECAR_SCHEMA
     notes: list[str] = field(default_factory=list)
+    #: input name -> {"dtype": numpy dtype name, "shape": dims (int, or a name/None when dynamic)};
+    #: empty in sidecars written before it was recorded
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def needs(self) -> str:
+        """``TensorRT 10.15.1 on a 'NVIDIA H200' GPU (compute capability 9.0)``: what the engine runs on."""
+        return (f"TensorRT {self.tensorrt_version} on a '{self.gpu_name}' GPU "
+                f"(compute capability {self.compute_capability})")
 
     @property
     def identity(self) -> RuntimeIdentity:
@@ -66,10 +76,59 @@ def read_sidecar(engine_path: Path) -> EngineSidecar:
         raise EngineError(f"engine sidecar {path} is missing, so {Path(engine_path).name} cannot be checked "
                           "against this TensorRT/GPU; rebuild the engine with build_engine.")
     try:
-        data = json.loads(path.read_text())
-        return EngineSidecar(**data)
-    except (json.JSONDecodeError, TypeError) as exc:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+        sidecar = EngineSidecar(**data)
+        _check_types(sidecar)
+        return sidecar
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as exc:
         raise EngineError(f"engine sidecar {path} is malformed ({exc}); rebuild the engine with build_engine.") from exc
+    except OSError as exc:
+        raise EngineError(f"cannot read the engine sidecar {path}: {exc.strerror or exc}.") from exc
+
+
+def _check_types(sidecar: EngineSidecar) -> None:
+    """Reject a sidecar whose fields have the wrong JSON types (TypeError, reported as malformed)."""
+    for name in ("tensorrt_version", "gpu_name", "compute_capability", "precision", "onnx_file"):
+        if not isinstance(getattr(sidecar, name), str):
+            raise TypeError(f"field '{name}' must be a string, got {getattr(sidecar, name)!r}")
+    if not isinstance(sidecar.profile, dict) or not isinstance(sidecar.inputs, dict):
+        raise TypeError("fields 'profile' and 'inputs' must be JSON objects")
+    for name, triple in sidecar.profile.items():
+        ok = isinstance(triple, list) and len(triple) == 3 and all(
+            isinstance(s, list) and len(s) == len(triple[0]) and all(isinstance(d, int) for d in s) for s in triple)
+        if not ok:
+            raise TypeError(f"profile['{name}'] must be [min, opt, max] shapes of equal rank, got {triple!r}")
+    for name, spec in sidecar.inputs.items():
+        if not isinstance(spec, dict) or not isinstance(spec.get("shape"), list):
+            raise TypeError(f"inputs['{name}'] must be {{'dtype': ..., 'shape': [...]}}, got {spec!r}")
+
+
+def feed_specs(sidecar: EngineSidecar) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """What the sidecar says about the inputs: ``(specs, limits, complete)`` for :func:`check_feed`.
+
+    With the recorded ``inputs`` the specs are complete (names, dtypes, ranks, static dims);
+    otherwise they come from the profile alone (names in the profile, ranks; dtypes unknown).
+    ``limits`` are the profile's min/max shapes.
+    """
+    import numpy as np
+
+    from toolchain.engines.base import ShapeLimits, TensorSpec
+
+    limits = {name: ShapeLimits(tuple(lo), tuple(hi)) for name, (lo, _opt, hi) in sidecar.profile.items()}
+    if sidecar.inputs:
+        specs = {}
+        for name, spec in sidecar.inputs.items():
+            try:
+                dtype = np.dtype(spec["dtype"]) if spec.get("dtype") else None
+            except TypeError:
+                dtype = None
+            specs[name] = TensorSpec(dtype, tuple(spec["shape"]))
+        return specs, limits, True
+    specs = {name: TensorSpec(None, tuple(lo if lo == hi else None for lo, hi in zip(lim.min_shape, lim.max_shape)))
+             for name, lim in limits.items()}
+    return specs, limits, False
 
 
 def compatibility_problems(built: RuntimeIdentity, current: RuntimeIdentity) -> list[str]:
@@ -90,4 +149,5 @@ def ensure_compatible(sidecar: EngineSidecar, current: RuntimeIdentity, engine_p
     problems = compatibility_problems(sidecar.identity, current)
     if problems:
         raise EngineError(f"engine {Path(engine_path).name} does not match this machine: " + "; ".join(problems)
-                          + ". Rebuild it here with build_engine (engines are not portable).")
+                          + f". It needs {sidecar.needs()}. Rebuild it here with build_engine "
+                          "(hydra-toolchain build) - engines are not portable.")
