@@ -50,7 +50,7 @@ class ModelSection(_Strict):
 class DataSection(_Strict):
     """In-distribution and OOD data sets and their split sizes (counts, or fractions)."""
 
-    id: str = Field(description="tweets | bbc | fashion-mnist | digits")
+    id: str = Field(description="tweets | bbc | fashion-mnist | digits | csv:PATH (text,label; relative to the recipe)")
     ood: str | None = None
     splits: dict[str, float] = Field(
         default_factory=lambda: {"train": 4000, "val": 500, "calib": 128, "test": 1000}
@@ -75,10 +75,13 @@ class FinetuneSection(_Strict):
     weight_decay: float = Field(0.01, ge=0)
 
 
+CRITERION = Literal["his", "taylor", "entropy", "hies", "l2", "random", "circuit"]
+
+
 class ScoringSection(_Strict):
     """Head-importance criterion and its parameters."""
 
-    criterion: Literal["his", "taylor", "entropy", "hies", "l2", "random", "circuit"] = "hies"
+    criterion: CRITERION = "hies"
     alpha: float = Field(0.5, ge=0, le=1, description="HIES weight of gradient importance")
     normalize: Literal["global", "layer"] = "global"
     calib_samples: int = Field(128, ge=1)
@@ -92,13 +95,23 @@ class RecoverySection(_Strict):
     steps: int = Field(0, ge=0)
     lr: float = Field(5e-5, gt=0, lt=1)
     batch_size: int = Field(32, ge=1)
+    #: train each member on its own bootstrap resample of the training split (seeded per member)
+    bootstrap: bool = False
 
 
 class PruningSection(_Strict):
     """How many members, how each is made, and how many heads each keeps."""
 
     members: int = Field(3, ge=1, le=16, description="M")
-    strategy: Literal["bootstrap", "seeds", "ratios", "circuit-samples"] = "bootstrap"
+    strategy: Literal["bootstrap", "seeds", "ratios", "circuit-samples", "partition", "sampled", "mixed-criteria"] = (
+        "bootstrap"
+    )
+    #: partition: heads per layer every member shares (its best ``core``); the rest are dealt out disjointly
+    core: int = Field(0, ge=0)
+    #: sampled: Gumbel-top-k temperature (0 = deterministic top-k, .inf = uniform random)
+    temperature: float = Field(1.0, ge=0)
+    #: mixed-criteria: one criterion per member (length M)
+    criteria: list[CRITERION] | None = None
     ratio: float | None = Field(0.5, ge=0, lt=1, description="fraction of heads pruned")
     budget: int | None = Field(None, ge=1, description="heads kept per member (instead of ratio)")
     scope: Literal["global", "layer"] = "global"
@@ -109,6 +122,13 @@ class PruningSection(_Strict):
     def _ratio_or_budget(self) -> PruningSection:
         if self.budget is not None and self.ratio is not None and "ratio" in self.model_fields_set:
             raise ValueError("give either ratio or budget, not both")
+        if self.strategy == "mixed-criteria":
+            if self.criteria is None or len(self.criteria) != self.members:
+                got = "none" if self.criteria is None else f"{len(self.criteria)}"
+                raise ValueError(f"strategy 'mixed-criteria' needs 'criteria' with one criterion per member "
+                                 f"(members={self.members}, got {got})")
+        elif self.criteria is not None:
+            raise ValueError(f"'criteria' is only used by strategy 'mixed-criteria' (strategy is '{self.strategy}')")
         return self
 
     def keep_rule(self) -> dict[str, float | int]:
@@ -167,6 +187,20 @@ class ParitySection(_Strict):
     tolerances: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
+class CompareEntry(_Strict):
+    """One more Hydra variant, built and evaluated beside the recipe's own (same model, data, fine-tuning).
+
+    ``scoring``, ``pruning`` and ``fusion`` are partial sections merged over the recipe's, e.g.
+    ``{name: taylor, scoring: {criterion: taylor}}``. Variants are evaluated in PyTorch only (not
+    exported); their stages are cached under ``artifacts/<name>/variants/<variant>/``.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    scoring: dict[str, Any] = Field(default_factory=dict)
+    pruning: dict[str, Any] = Field(default_factory=dict)
+    fusion: dict[str, Any] = Field(default_factory=dict)
+
+
 class Recipe(_Strict):
     """A whole recipe. ``name`` names the artifacts folder ``artifacts/<name>/``."""
 
@@ -183,6 +217,42 @@ class Recipe(_Strict):
     bench: BenchSection = BenchSection()
     parity: ParitySection = ParitySection()
     artifacts_dir: str = "artifacts"
+    #: more Hydra variants to evaluate side by side in the report (e.g. other criteria or strategies)
+    compare: list[CompareEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check_compare(self) -> Recipe:
+        names = [e.name for e in self.compare]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"compare: variant names must be unique, repeated: {', '.join(dup)}")
+        for i, entry in enumerate(self.compare):
+            for section in ("scoring", "pruning", "fusion"):
+                over = getattr(entry, section)
+                if not over:
+                    continue
+                cls = type(getattr(self, section))
+                try:
+                    cls.model_validate(_deep_merge(getattr(self, section).model_dump(exclude_unset=True), over))
+                except ValidationError as exc:
+                    why = "; ".join(
+                        f"field 'compare.{i}.{section}{''.join('.' + str(p) for p in e['loc'])}' "
+                        f"(variant '{entry.name}'): {e['msg'].removeprefix('Value error, ')}"
+                        for e in exc.errors()
+                    )
+                    raise ValueError(why) from None
+        return self
+
+    def variant(self, entry: CompareEntry) -> Recipe:
+        """The recipe of a compare variant: sections merged, artifacts under ``<this>/variants/``."""
+        update: dict[str, Any] = {"name": entry.name, "compare": [],
+                                  "artifacts_dir": str(self.artifacts() / "variants")}
+        for section in ("scoring", "pruning", "fusion"):
+            over = getattr(entry, section)
+            if over:
+                cls = type(getattr(self, section))
+                update[section] = cls.model_validate(_deep_merge(getattr(self, section).model_dump(exclude_unset=True), over))
+        return self.model_copy(update=update)
 
     def digest(self, *sections: str) -> str:
         """Stable hash of the named sections or dotted fields (all when none): stage cache keys."""
@@ -243,6 +313,9 @@ def _format_errors(exc: ValidationError, source: str) -> str:
             got = err.get("input")
             shown = repr(got) if not isinstance(got, dict) else "{...}"
             msg = err["msg"].removeprefix("Value error, ")
+            if not loc:  # a whole-recipe check: its message names the fields
+                lines.append(f"{msg}.")
+                continue
             lines.append(f"field '{field}': {msg} (got {shown}).")
     return f"recipe {source}: " + " ".join(lines) + " Fix the recipe and run again."
 

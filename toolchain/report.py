@@ -29,15 +29,19 @@ def _read(path: Path) -> Any:
         return None
 
 
-def results_table(metrics: dict[str, dict[str, float]], sizes: dict[str, dict[str, float]] | None = None) -> str:
-    """Markdown table: one row per variant, UQ metrics (+ parameters and weight MB when given)."""
+def results_table(metrics: dict[str, dict[str, float]], sizes: dict[str, dict[str, float]] | None = None,
+                  latency: dict[str, float] | None = None, latency_label: str = "latency ms") -> str:
+    """Markdown table: one row per variant, UQ metrics (+ parameters, weight MB and latency when given)."""
     head = "| variant | " + " | ".join(c for _, c in COLUMNS)
     sep = "|---|" + "---:|" * len(COLUMNS)
     if sizes:
         head += " | params | weights MB"
         sep += "---:|---:|"
+    if latency:
+        head += f" | {latency_label}"
+        sep += "---:|"
     lines = [head + " |", sep]
-    order = [n for n in ORDER if n in metrics] + sorted(n for n in metrics if n not in ORDER)
+    order = [n for n in ORDER if n in metrics] + [n for n in metrics if n not in ORDER]
     for name in order:
         m = metrics[name]
         cells = [f"{m[k]:.4f}" if k in m and m[k] == m[k] else "-" for k, _ in COLUMNS]
@@ -45,7 +49,39 @@ def results_table(metrics: dict[str, dict[str, float]], sizes: dict[str, dict[st
         if sizes:
             s = sizes.get(name, {})
             row += f" | {s.get('params', '-'):,} | {s.get('mb', float('nan')):.1f}" if s else " | - | -"
+        if latency:
+            row += f" | {latency[name]:.2f}" if name in latency else " | -"
         lines.append(row + " |")
+    return "\n".join(lines)
+
+
+#: ensemble-gain metrics shown (positive = the ensemble beats its mean member)
+GAIN_KEYS = [("nll", "NLL"), ("ece", "ECE"), ("brier", "Brier"), ("accuracy", "acc"), ("auroc_msp", "AUROC (MSP)"),
+             ("auroc_mi", "AUROC (MI) vs member MSP")]
+
+
+def gain_table(diversity: dict[str, dict[str, Any]]) -> str:
+    """Ensemble gain with its paired-bootstrap 95% interval; ``*`` marks intervals that exclude 0."""
+    rows = [(name, d) for name, d in diversity.items() if d and "gain" in d]
+    if not rows:
+        return ""
+    lines = ["| ensemble | " + " | ".join(c for _, c in GAIN_KEYS)
+             + " | Jaccard | disagreement | KL |", "|---|" + "---:|" * (len(GAIN_KEYS) + 3)]
+    for name, d in rows:
+        cells = []
+        for key, _ in GAIN_KEYS:
+            g = d["gain"].get(key)
+            if g is None or g.get("gain") != g.get("gain"):
+                cells.append("-")
+                continue
+            star = "*" if g.get("excludes_zero") else ""
+            cells.append(f"{g['gain']:+.4f}{star} [{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]")
+        jac = d.get("jaccard")
+        dis = d.get("disagreement", {}).get("mean")
+        kl = d.get("kl", {}).get("mean")
+        cells += [f"{jac:.3f}" if jac is not None else "-", f"{dis:.3f}" if dis is not None else "-",
+                  f"{kl:.4f}" if kl is not None else "-"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -58,24 +94,63 @@ def _sizes(fuse_summary: dict | None) -> dict[str, dict[str, float]]:
             for variant, key in mapping.items() if key in params}
 
 
+def bench_latency(latency: dict | None, lowering: str = "conv") -> tuple[dict[str, float], str]:
+    """Median ms per report variant from ``latency.json`` (ONNX Runtime CPU, FP32, the smallest batch)."""
+    if not latency:
+        return {}, ""
+    cases = [c for c in latency.get("cases", []) if c.get("engine") == "onnxrt-cpu"]
+    if not cases:
+        return {}, ""
+    case = min(cases, key=lambda c: c.get("batch", 0))
+    names = {"single": "single", "deep-ensemble": "deep-ensemble", "hydra": f"hydra-{lowering}"}
+    out = {}
+    for row, variant in names.items():
+        v = case["variants"].get(variant)
+        if v and v.get("median") is not None:
+            out[row] = 1e3 * float(v["median"])
+    return out, f"ms (ORT CPU, batch {case.get('batch')})"
+
+
 def build_report(root: Path, out_dir: Path, title: str) -> dict[str, Path]:
     """Write ``report.md`` and ``report.html`` into ``out_dir`` from the stage folders under ``root``."""
-    metrics = _read(root / "evaluate" / "metrics.json") or {}
-    diversity = _read(root / "prune" / "diversity.json") or {}
+    metrics = dict(_read(root / "evaluate" / "metrics.json") or {})
+    members = _read(root / "prune" / "diversity.json") or {}
+    diversity = dict(_read(root / "evaluate" / "diversity.json") or {})
+    compare = _read(root / "compare" / "compare.json") or {}
     fuse_summary = _read(root / "fuse" / "summary.json")
     parity = _read(root / "parity" / "report.json")
+    prune_cfg = _read(root / "prune" / "members.json") or {}
     bench_md = root / "bench" / "latency.md"
+    sizes = _sizes(fuse_summary)
+    latency, latency_label = bench_latency(_read(root / "bench" / "latency.json"),
+                                           (fuse_summary or {}).get("lowering", "conv"))
+    if "hydra" in diversity and members.get("jaccard"):
+        diversity["hydra"] = {**diversity["hydra"], "jaccard": members["jaccard"]["overall"]}
+    own = f"hydra ({prune_cfg.get('criterion', '?')}, {prune_cfg.get('strategy', '?')})"
+    for name, res in compare.items():
+        row = f"hydra-{name}"
+        metrics[row] = res["metrics"]["hydra"]
+        size = _sizes(res.get("size")).get("hydra")
+        if size:
+            sizes[row] = size
+        d = dict(res.get("diversity", {}).get("hydra") or {})
+        if d:
+            jac = (res.get("members") or {}).get("jaccard", {}).get("overall")
+            diversity[row] = {**d, "jaccard": jac}
     parts = [f"# {title}", "", "## Uncertainty (PyTorch reference, ID test split and OOD test split)", "",
-             results_table(metrics, _sizes(fuse_summary)), ""]
-    if "hydra" in metrics and "hydra-members-mean" in metrics:
-        gain = {k: metrics["hydra"][k] - metrics["hydra-members-mean"][k] for k in ("nll", "ece", "auroc_msp")
-                if k in metrics["hydra"]}
-        parts += ["Ensemble gain (Hydra minus its mean member): "
-                  + ", ".join(f"{k} {v:+.4f}" for k, v in gain.items()), ""]
-    if diversity:
-        jac = diversity.get("jaccard", {}).get("overall")
-        dis = diversity.get("disagreement_val", {}).get("mean")
-        parts += ["## Members", "", f"- heads kept: {diversity.get('kept_heads')}",
+             f"`hydra` is {own}; `hydra-<name>` rows are the recipe's `compare` variants (same model, data "
+             "and budget). Latency: the bench stage's median (compare variants are not exported).", "",
+             results_table(metrics, sizes, latency, latency_label), ""]
+    table = gain_table(diversity)
+    if table:
+        parts += ["## Ensemble gain and diversity (test split)", "",
+                  "Gain = ensemble minus its mean member, signed so that positive is better; 95% paired-bootstrap "
+                  "interval in brackets, `*` where it excludes 0. MI has no single-member value: its gain is the "
+                  "ensemble's MI AUROC minus the members' mean MSP AUROC.", "", table, ""]
+    if members:
+        jac = members.get("jaccard", {}).get("overall")
+        dis = members.get("disagreement_val", {}).get("mean")
+        parts += ["## Members", "", f"- heads kept: {members.get('kept_heads')}",
                   f"- mean pairwise Jaccard of kept heads: {jac:.3f}" if jac is not None else "- single member",
                   f"- mean disagreement with the ensemble (validation): {dis:.3f}" if dis is not None else "", ""]
     if parity:
@@ -83,7 +158,7 @@ def build_report(root: Path, out_dir: Path, title: str) -> dict[str, Path]:
                   if (root / "parity" / "summary.md").exists() else json.dumps(parity.get("summary", {})), ""]
     if bench_md.exists():
         parts += ["## Latency", "", bench_md.read_text(), ""]
-    images = [p for d in ("evaluate", "prune", "score", "bench") for p in sorted((root / d).glob("*.png"))]
+    images = [p for d in ("evaluate", "prune", "score", "compare", "bench") for p in sorted((root / d).glob("*.png"))]
     parts += ["## Figures", ""] + [f"![{p.stem}](../{p.parent.name}/{p.name})" for p in images]
     md = "\n".join(parts) + "\n"
     out_dir.mkdir(parents=True, exist_ok=True)

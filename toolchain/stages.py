@@ -117,7 +117,10 @@ def train_classifier(ctx: Context, seed: int, desc: str) -> tuple[torch.nn.Modul
     r = ctx.recipe
     set_seed(seed)
     model, adapter, tok = build_base_model(ctx) if seed == r.seed else _reseeded_base(ctx, seed)
-    info: dict[str, Any] = {"steps": r.finetune.steps}
+    # the deep-ensemble members record the same fields: equal budget, only the seed differs
+    info: dict[str, Any] = {"seed": seed, "steps": r.finetune.steps, "lr": r.finetune.lr,
+                            "batch_size": r.finetune.batch_size, "weight_decay": r.finetune.weight_decay,
+                            "schedule": "AdamW, linear warm-up + linear decay"}
     if r.finetune.steps > 0:
         ctx.console.print(f"  {desc}: {r.finetune.steps} steps, batch {r.finetune.batch_size}, lr {r.finetune.lr}")
         hist = finetune(
@@ -275,15 +278,27 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
     from toolchain.pruning.members import make_members
 
     r = ctx.recipe
+    p = r.pruning
     _model, adapter, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    hpl = adapter.heads_per_layer()
     crit = r.scoring.criterion
-    params = _criterion_params(ctx, crit, adapter.heads_per_layer())
-    if r.pruning.strategy == "seeds":
-        params.pop("seed", None)
-    rule = r.pruning.keep_rule()
+    rule = p.keep_rule()
+    extra: dict[str, Any] = {}
+    if p.strategy == "mixed-criteria":
+        crit = "+".join(p.criteria or [])
+        extra = {"criteria": list(p.criteria or []),
+                 "criterion_params": {c: _criterion_params(ctx, c, hpl) for c in dict.fromkeys(p.criteria or [])}}
+    else:
+        extra = {"criterion": crit, **_criterion_params(ctx, crit, hpl)}
+        if p.strategy == "seeds":
+            extra.pop("seed", None)
+        if p.strategy == "partition":
+            extra["core"] = p.core
+        if p.strategy == "sampled":
+            extra["temperature"] = p.temperature
     members = make_members(
-        adapter, calibration(ctx, tok), m=r.pruning.members, criterion=crit, strategy=r.pruning.strategy,
-        seed=r.seed, scope=r.pruning.scope, min_heads_per_layer=r.pruning.min_heads_per_layer, **rule, **params,
+        adapter, calibration(ctx, tok), m=p.members, strategy=p.strategy,
+        seed=r.seed, scope=p.scope, min_heads_per_layer=p.min_heads_per_layer, **rule, **extra,
     )
     masks = torch.stack([mb.keep for mb in members])
     val_logits = []
@@ -322,12 +337,18 @@ def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch
     from toolchain.pruning.finetune import finetune
 
     rec = ctx.recipe.pruning.recovery
+    train = ctx.data["train"]
     for i, keep in enumerate(masks):
         pruned = adapter.prune(keep)
         pa = adapter_for(pruned, **_adapter_kwargs(adapter))
         seed = ctx.recipe.seed + 7919 * (i + 1)
-        ctx.console.print(f"  recovery fine-tuning of member {i}: {rec.steps} steps (seed {seed})")
-        finetune(pruned, pa, lambda bs, s: ctx.batches(ctx.data["train"], bs, tok, seed=s),
+        part = train
+        if rec.bootstrap:  # the member's own resample of the training split (with replacement)
+            idx = np.sort(np.random.default_rng(seed).integers(0, len(train), size=len(train)))
+            part = train.subset(idx)
+        ctx.console.print(f"  recovery fine-tuning of member {i}: {rec.steps} steps (seed {seed}"
+                          + (", bootstrap of the training split)" if rec.bootstrap else ")"))
+        finetune(pruned, pa, lambda bs, s, part=part: ctx.batches(part, bs, tok, seed=s),
                  steps=rec.steps, lr=rec.lr, batch_size=rec.batch_size, seed=seed, progress=ctx.progress)
         save_model(pruned, work / f"member{i}", tokenizer=tok)
 
@@ -508,12 +529,50 @@ def _outputs(ctx: Context, module: torch.nn.Module, split: str, tok: Any, names:
     return {k: np.concatenate(v) for k, v in outs.items()}
 
 
+def _hydra_variant_outputs(ctx: Context, splits: list[str], tok: Any, names: list[str]) -> dict[str, dict]:
+    from toolchain.hydra.fuse import load_hydra
+
+    hydra = load_hydra(ctx.stage_dir("fuse") / "hydra")
+    return {s: _outputs(ctx, hydra, s, tok, names) for s in splits}
+
+
+def _member_metrics(member_logits_id: np.ndarray, labels: np.ndarray,
+                    member_logits_ood: np.ndarray | None) -> list[dict[str, float]]:
+    """``uq_report`` of every member on its own."""
+    from toolchain.metrics import member_probs, uq_report
+
+    pid = member_probs(member_logits_id)
+    pood = None if member_logits_ood is None else member_probs(member_logits_ood)
+    return [uq_report(pid[:, i], labels, probs_ood=None if pood is None else pood[:, i])
+            for i in range(pid.shape[1])]
+
+
+def ensemble_diversity(member_logits_id: np.ndarray, labels: np.ndarray,
+                       member_logits_ood: np.ndarray | None, seed: int) -> dict[str, Any]:
+    """Disagreement, pairwise KL and the ensemble gain (paired-bootstrap 95% CIs) of ``[N, M, C]`` logits."""
+    from toolchain.metrics.gain import ensemble_gain
+    from toolchain.pruning.diversity import pairwise_kl, prediction_disagreement
+
+    by_member = torch.as_tensor(np.ascontiguousarray(member_logits_id.transpose(1, 0, 2)))
+    dis = prediction_disagreement(by_member)
+    return {
+        "disagreement": {k: v for k, v in dis.items() if k != "ensemble_pred"},
+        "kl": pairwise_kl(by_member),
+        "gain": ensemble_gain(member_logits_id, labels, member_logits_ood, seed=seed),
+    }
+
+
 @stage("evaluate", sections=("model", "data", "finetune", "scoring", "pruning", "fusion"),
        upstream=("fuse", "ensemble"), summary="uncertainty metrics: single model, deep ensemble, Hydra (PyTorch)")
 def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
-    """UQ metrics on the ID test split and the OOD test split, with plots and per-sample outputs."""
-    from toolchain.hydra.fuse import load_hydra
-    from toolchain.metrics import ensemble_probs, member_probs, reliability_bins, uq_report
+    """UQ metrics on the ID test split and the OOD test split, with plots and per-sample outputs.
+
+    Also: the ensemble gain of Hydra and the deep ensemble (ensemble minus mean member, with
+    paired-bootstrap 95% intervals), member diversity on the test split, and Hydra's metrics on the
+    validation splits (``val`` + ``ood_val``) that model selection may use. In a compare variant
+    (:class:`VariantContext`) only Hydra is evaluated.
+    """
+    from toolchain.metrics import ensemble_probs, reliability_bins, uq_report
     from toolchain.metrics.plots import plot_ood_histograms, plot_reliability
     from toolchain.models.wrappers import SingleModel
 
@@ -521,29 +580,31 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     splits = ["test"] + (["ood_test"] if has_ood else [])
     _m, base, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
     names = list(base.input_names)
-    single = {s: _outputs(ctx, SingleModel(base), s, tok, names) for s in splits}
-    members = []
-    for i in range(ctx.recipe.pruning.members):
-        _m, a, _t = load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")
-        members.append({s: _outputs(ctx, SingleModel(a), s, tok, names)["logits"] for s in splits})
-    hydra = load_hydra(ctx.stage_dir("fuse") / "hydra")
-    hyd = {s: _outputs(ctx, hydra, s, tok, names) for s in splits}
     labels = np.asarray(ctx.data["test"].labels)
-
-    variants: dict[str, dict[str, np.ndarray | None]] = {
-        "single": {"probs_id": single["test"]["probs"], "probs_ood": single.get("ood_test", {}).get("probs")},
-    }
-    de_id = np.stack([m["test"] for m in members], 1)
-    de_ood = np.stack([m["ood_test"] for m in members], 1) if has_ood else None
-    variants["deep-ensemble"] = {"probs_id": ensemble_probs(de_id), "probs_ood": None if de_ood is None
-                                 else ensemble_probs(de_ood), "member_logits_id": de_id, "member_logits_ood": de_ood}
+    variant_only = isinstance(ctx, VariantContext)
+    variants: dict[str, dict[str, np.ndarray | None]] = {}
+    if not variant_only:
+        single = {s: _outputs(ctx, SingleModel(base), s, tok, names) for s in splits}
+        members = []
+        for i in range(ctx.recipe.pruning.members):
+            _m, a, _t = load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")
+            members.append({s: _outputs(ctx, SingleModel(a), s, tok, names)["logits"] for s in splits})
+        variants["single"] = {"probs_id": single["test"]["probs"], "probs_ood": single.get("ood_test", {}).get("probs")}
+        de_id = np.stack([m["test"] for m in members], 1)
+        de_ood = np.stack([m["ood_test"] for m in members], 1) if has_ood else None
+        variants["deep-ensemble"] = {"probs_id": ensemble_probs(de_id),
+                                     "probs_ood": None if de_ood is None else ensemble_probs(de_ood),
+                                     "member_logits_id": de_id, "member_logits_ood": de_ood}
+    sel_splits = [s for s in ("val", "ood_val") if s in ctx.data]
+    hyd = _hydra_variant_outputs(ctx, splits + sel_splits, tok, names)
     variants["hydra"] = {"probs_id": hyd["test"]["probs"], "probs_ood": hyd.get("ood_test", {}).get("probs"),
                          "member_logits_id": hyd["test"]["member_logits"],
                          "member_logits_ood": hyd.get("ood_test", {}).get("member_logits")}
+    several = ctx.recipe.pruning.members >= 2
     metrics: dict[str, Any] = {}
     for name, v in variants.items():
         kw = {k: val for k, val in v.items() if val is not None and k != "probs_id"}
-        if ctx.recipe.pruning.members < 2:
+        if not several:
             kw.pop("member_logits_id", None)
             kw.pop("member_logits_ood", None)
         metrics[name] = uq_report(v["probs_id"], labels, **kw)
@@ -553,18 +614,89 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
             plot_ood_histograms(-v["probs_id"].max(-1), -v["probs_ood"].max(-1), work / f"ood-hist-{name}.png",
                                 title=f"{name}: -max probability, ID vs OOD")
     # each Hydra member on its own: the ensemble gain is ensemble minus the mean member
-    per_member = []
-    for i in range(hyd["test"]["member_logits"].shape[1]):
-        ood_p = member_probs(hyd["ood_test"]["member_logits"])[:, i] if has_ood else None
-        per_member.append(uq_report(member_probs(hyd["test"]["member_logits"])[:, i], labels, probs_ood=ood_p))
+    per_member = _member_metrics(hyd["test"]["member_logits"], labels, hyd.get("ood_test", {}).get("member_logits"))
     metrics["hydra-members-mean"] = {k: float(np.mean([p[k] for p in per_member])) for k in per_member[0]}
+    diversity: dict[str, Any] = {}
+    if several:
+        for name in ("hydra", "deep-ensemble"):
+            if name in variants:
+                v = variants[name]
+                diversity[name] = ensemble_diversity(v["member_logits_id"], labels, v.get("member_logits_ood"),
+                                                     seed=ctx.recipe.seed)
+    selection: dict[str, Any] = {}
+    if "val" in hyd:
+        val_labels = np.asarray(ctx.data["val"].labels)
+        kw = {"probs_ood": hyd["ood_val"]["probs"]} if "ood_val" in hyd else {}
+        if several:
+            kw["member_logits_id"] = hyd["val"]["member_logits"]
+            if "ood_val" in hyd:
+                kw["member_logits_ood"] = hyd["ood_val"]["member_logits"]
+        selection["hydra"] = uq_report(hyd["val"]["probs"], val_labels, **kw)
     atomic_write_json(work / "metrics.json", metrics)
+    atomic_write_json(work / "diversity.json", diversity)
+    atomic_write_json(work / "selection.json", selection)
     np.savez_compressed(work / "outputs.npz", labels=labels,
                         **{f"{n}_{k}": v for n, d in variants.items() for k, v in d.items() if v is not None})
     keys = ["accuracy", "nll", "ece", "brier", "auroc_msp", "fpr95_msp"]
     for name, m in metrics.items():
         ctx.console.print(f"  {name:>18}: " + "  ".join(f"{k} {m[k]:.4f}" for k in keys if k in m))
+    for name, d in diversity.items():
+        g = d["gain"]
+        ctx.console.print(f"  {name:>18} ensemble gain: " + "  ".join(
+            f"{k} {g[k]['gain']:+.4f} [{g[k]['ci'][0]:+.4f}, {g[k]['ci'][1]:+.4f}]"
+            for k in ("nll", "auroc_msp", "auroc_mi") if k in g))
     return {"variants": sorted(metrics)}
+
+
+# ---------------------------------------------------------------------------- compare variants
+class VariantContext(Context):
+    """A compare variant's context: its own prune/fuse/evaluate stages, the parent's load/fine-tune/ensemble."""
+
+    LINKED = ("load", "finetune", "ensemble")
+
+    def __init__(self, parent: Context, recipe: Any) -> None:
+        super().__init__(recipe=recipe, console=parent.console, force=parent.force, progress=parent.progress)
+        self.parent = parent
+        self.__dict__["data"] = parent.data  # same splits
+
+    def stage_dir(self, name: str) -> Path:
+        """The parent's folder for the linked stages, else ``variants/<name>/<stage>``."""
+        return self.parent.stage_dir(name) if name in self.LINKED else super().stage_dir(name)
+
+    def key(self, name: str) -> str:
+        """The parent's key for the linked stages."""
+        return self.parent.key(name) if name in self.LINKED else super().key(name)
+
+
+#: the stages a compare variant runs (its score stage only draws a heatmap: prune scores itself)
+VARIANT_STAGES = ["prune", "fuse", "evaluate"]
+
+
+@stage("compare", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "compare"),
+       upstream=("finetune", "ensemble"), summary="more Hydra variants side by side (recipe 'compare')")
+def compare_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """Prune, fuse and evaluate every ``compare`` variant (each cached under ``variants/<name>/``)."""
+    from toolchain.pipeline import run_pipeline
+
+    results: dict[str, Any] = {}
+    for entry in ctx.recipe.compare:
+        sub = VariantContext(ctx, ctx.recipe.variant(entry))
+        ctx.console.print(f"  variant [bold]{entry.name}[/bold]: criterion {sub.recipe.scoring.criterion}, "
+                          f"strategy {sub.recipe.pruning.strategy}")
+        run_pipeline(sub, only=VARIANT_STAGES)
+        ev = sub.stage_dir("evaluate")
+        results[entry.name] = {
+            "criterion": sub.recipe.scoring.criterion,
+            "strategy": sub.recipe.pruning.strategy,
+            "overrides": entry.model_dump(exclude={"name"}),
+            "metrics": read_json(ev / "metrics.json"),
+            "diversity": read_json(ev / "diversity.json"),
+            "selection": read_json(ev / "selection.json"),
+            "members": read_json(sub.stage_dir("prune") / "diversity.json"),
+            "size": read_json(sub.stage_dir("fuse") / "summary.json"),
+        }
+    atomic_write_json(work / "compare.json", results)
+    return {"variants": list(results)}
 
 
 # ---------------------------------------------------------------------------- engines, parity
@@ -732,8 +864,9 @@ def bench_stage(ctx: Context, work: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- report
-@stage("report", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines", "bench"),
-       upstream=("evaluate", "parity", "bench"), summary="results report (Markdown + HTML with plots)")
+@stage("report", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines", "bench",
+                            "compare"),
+       upstream=("evaluate", "compare", "parity", "bench"), summary="results report (Markdown + HTML with plots)")
 def report_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """``report.md`` and ``report.html`` from every stage's outputs."""
     from toolchain.report import build_report

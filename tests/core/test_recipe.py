@@ -107,3 +107,65 @@ def test_fuzzed_recipes_load_or_raise_recipe_error(section, key, value, drop):
         parse_recipe(data)
     except RecipeError:
         pass
+
+
+def test_compare_variants_merge_over_the_recipe():
+    recipe = load_recipe(DEFAULT)
+    by_name = {e.name: recipe.variant(e) for e in recipe.compare}
+    taylor, circuit = by_name["taylor"], by_name["circuit"]
+    assert taylor.scoring.criterion == "taylor" and taylor.scoring.alpha == recipe.scoring.alpha
+    assert circuit.pruning.strategy == "circuit-samples" and circuit.pruning.ratio == recipe.pruning.ratio
+    assert taylor.artifacts() == recipe.artifacts() / "variants" / "taylor"
+    assert taylor.compare == []
+    # same model, data and fine-tuning: a variant reuses the recipe's fine-tuned model
+    assert taylor.digest("model", "data", "finetune") == recipe.digest("model", "data", "finetune")
+    assert taylor.digest("scoring") != recipe.digest("scoring")
+
+
+def test_compare_variant_with_a_budget_keeps_the_budget():
+    data = _base()
+    data["pruning"].pop("ratio")
+    data["pruning"]["budget"] = 30
+    data["compare"] = [{"name": "p", "pruning": {"strategy": "partition", "core": 2}}]
+    recipe = parse_recipe(data)
+    assert recipe.variant(recipe.compare[0]).pruning.keep_rule() == {"budget": 30}
+
+
+@pytest.mark.parametrize(
+    ("compare", "pattern"),
+    [
+        ([{"name": "x", "pruning": {"strategy": "bogus"}}], r"field 'compare\.0\.pruning\.strategy' \(variant 'x'\)"),
+        ([{"name": "x", "pruning": {"strategy": "mixed-criteria"}}], r"compare\.0\.pruning.*one criterion per member"),
+        ([{"name": "x"}, {"name": "x"}], "variant names must be unique, repeated: x"),
+        ([{"name": "x", "scoring": {"alpha": 2}}], r"compare\.0\.scoring\.alpha"),
+        ([{"name": "x", "pruning": {"temperatur": 1}}], r"compare\.0\.pruning\.temperatur"),
+        ([{"name": "bad/name"}], r"compare\.0\.name"),
+    ],
+)
+def test_bad_compare_entries_name_the_field(compare, pattern):
+    data = _base()
+    data["compare"] = compare
+    with pytest.raises(RecipeError, match=pattern):
+        parse_recipe(data)
+
+
+@pytest.mark.parametrize(
+    ("pruning", "pattern"),
+    [
+        ({"strategy": "mixed-criteria", "criteria": ["his", "taylor"]}, r"members=3, got 2"),
+        ({"strategy": "bootstrap", "criteria": ["his", "taylor", "hies"]}, "only used by strategy 'mixed-criteria'"),
+        ({"strategy": "sampled", "temperature": -1}, r"pruning\.temperature"),
+        ({"strategy": "partition", "core": -1}, r"pruning\.core"),
+    ],
+)
+def test_member_strategy_fields_are_checked(pruning, pattern):
+    data = _base()
+    data["pruning"].update(pruning)
+    with pytest.raises(RecipeError, match=pattern):
+        parse_recipe(data)
+
+
+def test_sampled_accepts_an_infinite_temperature():
+    data = _base()
+    data["pruning"].update(strategy="sampled", temperature=float("inf"))
+    assert parse_recipe(data).pruning.temperature == float("inf")

@@ -51,7 +51,26 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path):
     art = tmp_path / "artifacts" / "minilm-tweets-quick"
     metrics = json.loads((art / "evaluate" / "metrics.json").read_text())
     assert {"single", "deep-ensemble", "hydra"} <= set(metrics)
-    assert (art / "report" / "report.md").read_text().count("| hydra |") == 1
+    report = (art / "report" / "report.md").read_text()
+    assert report.count("| hydra |") == 2  # the results table and the ensemble-gain table
+    # the recipe's compare variants (Taylor, circuit) side by side, each pruned with its own criterion
+    assert "| hydra-taylor |" in report and "| hydra-circuit |" in report
+    compare = json.loads((art / "compare" / "compare.json").read_text())
+    assert {k: v["criterion"] for k, v in compare.items()} == {"taylor": "taylor", "circuit": "circuit"}
+    for name in compare:
+        assert json.loads((art / "variants" / name / "prune" / "members.json").read_text())["criterion"] == name
+    # ensemble gain with paired-bootstrap intervals, for Hydra and the deep ensemble
+    diversity = json.loads((art / "evaluate" / "diversity.json").read_text())
+    for name in ("hydra", "deep-ensemble"):
+        nll = diversity[name]["gain"]["nll"]
+        assert nll["ci"][0] <= nll["gain"] <= nll["ci"][1]
+        assert nll["gain"] >= 0  # the mean of the members' probabilities never has a higher NLL (convexity)
+    # the equal-budget deep ensemble: every member trained exactly as the single model, only the seed differs
+    members = json.loads((art / "ensemble" / "metrics.json").read_text())["members"]
+    base = json.loads((art / "finetune" / "metrics.json").read_text())
+    budget = ("steps", "lr", "batch_size", "weight_decay", "schedule")
+    assert len(members) == 2 and all({k: m[k] for k in budget} == {k: base[k] for k in budget} for m in members)
+    assert len({m["seed"] for m in members}) == 2
     graphs = json.loads((art / "export" / "graphs.json").read_text())
     assert graphs["hydra-conv"]["summary"]["grouped_conv"] > 0
     assert all(g["dynamic_check"]["ok"] for g in graphs.values() if g["precision"] == "fp32")

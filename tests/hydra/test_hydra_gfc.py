@@ -89,7 +89,8 @@ class TestGroupedLinearModule:
         x = torch.randn(2, 12, 5)
         conv = mod(x)
         mod.lowering = "matmul"
-        assert (mod(x) - conv).abs().max() <= 1e-6
+        # N(0, 1) weights give outputs up to ~10: float32 round-off of two summation orders is relative
+        assert (mod(x) - conv).abs().max() <= 1e-6 * max(1.0, float(conv.abs().max()))
         assert "groups=3" in repr(mod)
 
     def test_no_bias(self):

@@ -236,7 +236,8 @@ def _make_config(adapter: ModelAdapter, specs: list[LayerSpec], members: int, **
     return HydraConfig(
         family=adapter.family,
         model_class=type(model).__name__,
-        hf_config=json.loads(json.dumps(model.config.to_dict())),  # JSON form: what save/load sees
+        # JSON form (what save/load sees), without the checkpoint path: the file is the same wherever it was made
+        hf_config={k: v for k, v in json.loads(json.dumps(model.config.to_dict())).items() if k != "_name_or_path"},
         adapter_kwargs=encode_adapter_kwargs(adapter),
         input_names=tuple(adapter.input_names),
         members=members,

@@ -76,7 +76,8 @@ def save_hydra(model: HydraModel, folder: str | Path) -> Path:
     text = json.dumps(model.config.to_dict(), indent=1)  # fails loudly on a non-JSON value
     with atomic_folder(folder) as tmp:
         state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "family": model.config.family})
+        # one metadata key: safetensors writes several in a random order (the family is in the config)
+        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(text)
     return folder
 

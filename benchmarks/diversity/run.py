@@ -1,0 +1,219 @@
+"""Member diversity strategies at M = 3 and one head budget, on the default recipe's data.
+
+Tweets in distribution, BBC News as OOD; the base classifier and the equal-budget deep ensemble are
+the default recipe's own stages (``artifacts/minilm-tweets/{finetune,ensemble}``: every deep-ensemble
+member is trained exactly as the single model, only the seed differs). Each strategy is a
+``compare`` variant of the recipe (see ``toolchain/recipe.py``): its prune, fuse and evaluate stages
+are cached under ``artifacts/minilm-tweets/variants/<name>/`` and shared with the default run.
+
+Selection uses validation data only (``val`` tweets and ``ood_val`` BBC articles, disjoint from the
+OOD test set): among the strategies whose Hydra validation accuracy is within ``--acc-slack`` of the
+best one, the highest validation OOD AUROC (MSP), ties broken by lower validation NLL. The table
+reports the test splits.
+
+    python benchmarks/diversity/run.py                       # the full benchmark (~20-40 min on 2 cores)
+    python benchmarks/diversity/run.py --profile quick       # smoke run on the quick profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+#: the strategies compared (name -> recipe overrides); every one keeps the default recipe's budget
+STRATEGIES: dict[str, dict] = {
+    "bootstrap-hies": {"pruning": {"strategy": "bootstrap"}},
+    "seeds-random": {"scoring": {"criterion": "random"}, "pruning": {"strategy": "seeds"}},
+    "partition-core0": {"pruning": {"strategy": "partition", "core": 0}},
+    "partition-core2": {"pruning": {"strategy": "partition", "core": 2}},
+    "partition-core4": {"pruning": {"strategy": "partition", "core": 4}},
+    "sampled-t0.5": {"pruning": {"strategy": "sampled", "temperature": 0.5}},
+    "sampled-t1": {"pruning": {"strategy": "sampled", "temperature": 1.0}},
+    "sampled-t2": {"pruning": {"strategy": "sampled", "temperature": 2.0}},
+    "mixed-his-taylor-hies": {"pruning": {"strategy": "mixed-criteria", "criteria": ["his", "taylor", "hies"]}},
+    "circuit-samples": {"scoring": {"criterion": "circuit", "objective": "ood_auroc", "calib_samples": 64},
+                        "pruning": {"strategy": "circuit-samples"}},
+}
+
+METRICS = [("accuracy", "acc"), ("nll", "NLL"), ("ece", "ECE"), ("brier", "Brier"), ("auroc_msp", "AUROC MSP"),
+           ("aupr_msp", "AUPR MSP"), ("fpr95_msp", "FPR95 MSP"), ("auroc_entropy", "AUROC ent"),
+           ("auroc_mi", "AUROC MI")]
+GAINS = [("nll", "gain NLL"), ("auroc_msp", "gain AUROC MSP"), ("auroc_mi", "gain AUROC MI"), ("ece", "gain ECE")]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipe", default=str(ROOT / "recipes" / "minilm-tweets.yaml"))
+    p.add_argument("--profile", default=None, help="recipe profile, e.g. quick (smoke run)")
+    p.add_argument("--only", default=None, help="comma-separated strategy names (default: all)")
+    p.add_argument("--acc-slack", type=float, default=0.01, help="validation accuracy slack of the selection rule")
+    p.add_argument("--out", default=str(HERE), help="where results.{md,json} and gain_vs_jaccard.png go")
+    return p.parse_args(argv)
+
+
+def _cell(v: float | None, fmt: str = ".4f") -> str:
+    return "-" if v is None or v != v else format(v, fmt)
+
+
+def _gain_cell(g: dict | None) -> str:
+    if not g or g.get("gain") != g.get("gain"):
+        return "-"
+    star = "*" if g.get("excludes_zero") else ""
+    return f"{g['gain']:+.4f}{star} [{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]"
+
+
+def select(rows: dict[str, dict], slack: float) -> tuple[str, str]:
+    """The selection rule (validation only); returns (name, explanation)."""
+    val = {n: r["selection"]["hydra"] for n, r in rows.items() if r.get("selection", {}).get("hydra")}
+    best_acc = max(v["accuracy"] for v in val.values())
+    eligible = {n: v for n, v in val.items() if v["accuracy"] >= best_acc - slack}
+    name = max(eligible, key=lambda n: (round(eligible[n].get("auroc_msp", 0.0), 6), -eligible[n]["nll"]))
+    why = (f"validation accuracy within {slack:.3f} of the best ({best_acc:.4f}): {', '.join(sorted(eligible))}; "
+           f"highest validation OOD AUROC (MSP): {name} ({eligible[name].get('auroc_msp', float('nan')):.4f})")
+    return name, why
+
+
+def plot(rows: dict[str, dict], path: Path) -> None:
+    """Ensemble gain (NLL and OOD AUROC, with intervals) against mean pairwise Jaccard of kept heads."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4))
+    axes = fig.subplots(1, 2)
+    for ax, (key, label) in zip(axes, [("nll", "NLL gain"), ("auroc_msp", "OOD AUROC (MSP) gain")], strict=True):
+        for name, r in rows.items():
+            jac = r.get("jaccard")
+            g = r["gain"].get(key) if r.get("gain") else None
+            if jac is None or not g:
+                continue
+            ax.errorbar([jac], [g["gain"]], yerr=[[g["gain"] - g["ci"][0]], [g["ci"][1] - g["gain"]]], fmt="o",
+                        capsize=3)
+            ax.annotate(name, (jac, g["gain"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xlabel("mean pairwise Jaccard of kept heads")
+        ax.set_ylabel(label + " (ensemble - mean member)")
+    fig.suptitle("Hydra members: ensemble gain vs head overlap (95% paired-bootstrap intervals)", fontsize=10)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from rich.console import Console
+
+    from toolchain.artifacts import atomic_write_json, atomic_write_text
+    from toolchain.pipeline import Context, run_pipeline
+    from toolchain.recipe import CompareEntry, load_recipe
+    from toolchain.stages import VARIANT_STAGES, VariantContext, read_json
+
+    console = Console(stderr=True)
+    recipe = load_recipe(args.recipe, profile=args.profile)
+    ctx = Context(recipe=recipe, console=console)
+    t0 = time.time()
+    # the default recipe's own stages (cached when `hydra-toolchain run` has run): base, deep ensemble, its Hydra
+    run_pipeline(ctx, only=["load", "finetune", "ensemble", "score", "prune", "fuse", "evaluate"])
+    base = read_json(ctx.stage_dir("evaluate") / "metrics.json")
+    base_div = read_json(ctx.stage_dir("evaluate") / "diversity.json")
+    names = list(STRATEGIES) if args.only is None else args.only.split(",")
+    rows: dict[str, dict] = {}
+    for name in names:
+        entry = CompareEntry(name=name, **STRATEGIES[name])
+        sub = VariantContext(ctx, recipe.variant(entry))
+        console.print(f"[bold]strategy {name}[/bold]")
+        run_pipeline(sub, only=VARIANT_STAGES)
+        ev = sub.stage_dir("evaluate")
+        members = read_json(sub.stage_dir("prune") / "diversity.json")
+        div = read_json(ev / "diversity.json").get("hydra", {})
+        rows[name] = {
+            "overrides": STRATEGIES[name],
+            "metrics": read_json(ev / "metrics.json")["hydra"],
+            "members_mean": read_json(ev / "metrics.json")["hydra-members-mean"],
+            "selection": read_json(ev / "selection.json"),
+            "jaccard": members.get("jaccard", {}).get("overall"),
+            "kept_heads": members.get("kept_heads"),
+            "disagreement": div.get("disagreement", {}).get("mean"),
+            "kl": div.get("kl", {}).get("mean"),
+            "gain": div.get("gain", {}),
+            "size": read_json(sub.stage_dir("fuse") / "summary.json"),
+        }
+    chosen, why = select(rows, args.acc_slack)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    head = ("| strategy | Jaccard | disagree | KL | " + " | ".join(c for _, c in METRICS) + " | "
+            + " | ".join(c for _, c in GAINS) + " | weights MB |")
+    lines = [head, "|---|" + "---:|" * (3 + len(METRICS) + len(GAINS) + 1)]
+    fuse = read_json(ctx.stage_dir("fuse") / "summary.json")
+    single_mb = fuse["weight_bytes"]["single"] / 1e6
+    de_gain = base_div.get("deep-ensemble", {})
+    lines.append("| single model | - | - | - | " + " | ".join(_cell(base["single"].get(k)) for k, _ in METRICS)
+                 + " | " + " | ".join("-" for _ in GAINS) + f" | {single_mb:.1f} |")
+    lines.append("| deep ensemble (equal budget) | - | " + _cell(de_gain.get("disagreement", {}).get("mean"), ".3f")
+                 + " | " + _cell(de_gain.get("kl", {}).get("mean")) + " | "
+                 + " | ".join(_cell(base["deep-ensemble"].get(k)) for k, _ in METRICS) + " | "
+                 + " | ".join(_gain_cell(de_gain.get("gain", {}).get(k)) for k, _ in GAINS)
+                 + f" | {fuse['weight_bytes']['deep_ensemble'] / 1e6:.1f} |")
+    for name, r in rows.items():
+        mark = " (selected)" if name == chosen else ""
+        lines.append(f"| {name}{mark} | {_cell(r['jaccard'], '.3f')} | {_cell(r['disagreement'], '.3f')} | "
+                     f"{_cell(r['kl'])} | " + " | ".join(_cell(r["metrics"].get(k)) for k, _ in METRICS) + " | "
+                     + " | ".join(_gain_cell(r["gain"].get(k)) for k, _ in GAINS)
+                     + f" | {r['size']['weight_bytes']['hydra'] / 1e6:.1f} |")
+    plot(rows, out / "gain_vs_jaccard.png")
+    bench = ctx.stage_dir("bench") / "latency.json"
+    latency_note = ""
+    if bench.exists():
+        from toolchain.report import bench_latency
+
+        lat, label = bench_latency(read_json(bench), fuse.get("lowering", "conv"))
+        latency_note = ("Latency of the default recipe's graphs (bench stage, " + label + "): "
+                        + ", ".join(f"{k} {v:.2f} ms" for k, v in lat.items())
+                        + ". Every strategy keeps the same head budget; the fused size differs only by the "
+                        "zero-head padding of layers where members keep unequal counts (weights MB column).")
+    md = "\n".join([
+        f"# Member diversity strategies ({recipe.name}, M = {recipe.pruning.members}, "
+        f"{recipe.pruning.keep_rule()}, scope {recipe.pruning.scope}, recovery steps {recipe.pruning.recovery.steps})",
+        "",
+        "Test splits: tweets (ID) and BBC News (OOD test, disjoint from the OOD validation set). Gain = ensemble "
+        "minus its mean member (positive = better), 95% paired-bootstrap interval, `*` where it excludes 0; the MI "
+        "gain compares the ensemble's MI AUROC with the members' mean MSP AUROC. Jaccard: mean pairwise overlap "
+        "of kept heads; disagree: mean fraction of test samples where a member's prediction differs from the "
+        "ensemble's; KL: mean pairwise KL between members' predictive distributions.",
+        "",
+        *lines,
+        "",
+        f"Selected on validation data: **{chosen}**. Rule: {why}.",
+        "",
+        latency_note,
+        "",
+        f"Command: `python benchmarks/diversity/run.py{' --profile ' + args.profile if args.profile else ''}` "
+        f"({time.time() - t0:.0f} s on {platform.node() or 'this machine'}, {os.cpu_count()} CPUs; cached "
+        "stages are reused).",
+        "",
+        "![gain vs Jaccard](gain_vs_jaccard.png)",
+        "",
+    ])
+    atomic_write_text(out / "results.md", md)
+    atomic_write_json(out / "results.json", {"recipe": recipe.name, "selected": chosen, "rule": why,
+                                              "single": base["single"], "deep_ensemble": base["deep-ensemble"],
+                                              "deep_ensemble_diversity": de_gain, "strategies": rows})
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
