@@ -8,6 +8,10 @@ is written last, so an interrupted stage is simply incomplete and reruns.
 Writes are atomic: temporary file in the same folder, flush + fsync, ``os.replace``. A stage
 builds its outputs in ``<stage>.tmp-<pid>/`` and swaps the folder in when done, so a killed
 stage leaves the previous complete output in place.
+
+Under torch.distributed only rank 0 takes the lock and publishes; the other ranks build into a
+private :func:`scratch_folder` outside the artifacts, which is discarded (see
+:mod:`toolchain.pipeline`).
 """
 
 from __future__ import annotations
@@ -86,6 +90,20 @@ def atomic_folder(path: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def scratch_folder(stage: str, rank: int = 0) -> Iterator[Path]:
+    """A private temporary folder outside the artifacts for a stage's throw-away outputs, deleted afterwards.
+
+    The work folder of a non-main rank under torch.distributed: it runs the stage's code (its
+    share of the collective work) but publishes nothing.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix=f"hydra-{stage}-rank{rank}-"))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def package_versions() -> dict[str, str]:

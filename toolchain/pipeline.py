@@ -4,10 +4,21 @@ Each stage is a function ``build(ctx, work_dir) -> info`` plus the recipe sectio
 stages its output depends on. Its cache key hashes those sections and the upstream keys, so
 changing a recipe field reruns exactly the stages downstream of it. A stage whose published
 folder has a manifest with the same key and intact files is skipped; ``force`` reruns it.
+
+Under ``torchrun`` / ``accelerate launch`` (see :mod:`toolchain.distributed`) every rank runs
+:func:`run_pipeline`, and only rank 0 writes artifacts: it alone takes the lock, decides which
+stages are up to date and publishes. The stages in :data:`DISTRIBUTED_STAGES` run on every rank
+(they split their work over the ranks: scoring batches, circuit masks, member trainings); a
+non-main rank builds into a private temporary folder that is discarded. The other stages run on
+rank 0 alone while the other ranks wait, and later stages read rank 0's published outputs from
+the shared artifacts folder. A failure on any rank aborts the stage on every rank (rank 0 drops
+its work folder: nothing partial is published) and ends the job on every rank with that rank's
+message and a nonzero exit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -21,7 +32,8 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from toolchain.artifacts import StageDir, locked, read_manifest
+from toolchain import distributed as dist
+from toolchain.artifacts import StageDir, locked, read_manifest, scratch_folder
 from toolchain.errors import DataError, RecipeError, ToolchainError
 from toolchain.recipe import Recipe
 
@@ -38,6 +50,10 @@ class Stage:
 
 
 STAGES: dict[str, Stage] = {}
+
+#: stages that every rank runs under torch.distributed (they split their work over the ranks);
+#: the other stages run on rank 0 only while the other ranks wait
+DISTRIBUTED_STAGES = frozenset({"score", "prune", "ensemble"})
 
 
 def stage(name: str, sections: tuple[str, ...], upstream: tuple[str, ...], summary: str):
@@ -79,6 +95,8 @@ class Context:
         h = hashlib.sha256()
         h.update(name.encode())
         h.update(self.recipe.digest(*st.sections, "seed").encode())
+        if "data" in st.sections and any(self._data_sources):  # a local csv: data set: its content too
+            h.update(repr(self._data_sources).encode())
         for up in st.upstream:
             h.update(self.key(up).encode())
         return h.hexdigest()[:16]
@@ -96,11 +114,19 @@ class Context:
             if len(part) == 0:
                 raise DataError(f"split '{name}' of data set '{r.data.id}' is empty (data.splits.{name}).")
         if r.data.ood:
-            ood = load_dataset(r.data.ood, **self._dataset_kwargs(r.data.ood))
+            ood = load_dataset(r.data.ood, **self._dataset_kwargs(r.data.ood, ood=True))
             splits.update(make_splits(ood, _split_sizes(r.data.ood_splits), seed=r.seed + 1, class_checked=()))
         return splits
 
-    def _dataset_kwargs(self, name: str) -> dict[str, Any]:
+    @cached_property
+    def _data_sources(self) -> tuple[str | None, ...]:
+        from toolchain.data import source_digest
+
+        return tuple(source_digest(n) if n else None for n in (self.recipe.data.id, self.recipe.data.ood))
+
+    def _dataset_kwargs(self, name: str, ood: bool = False) -> dict[str, Any]:
+        if ood and name.startswith("csv:"):
+            return {"min_classes": 1}  # OOD labels are not used
         if name == "fashion-mnist":
             return {"split": "train"}
         return {}
@@ -137,8 +163,12 @@ def run_pipeline(ctx: Context, until: str | None = None, only: list[str] | None 
         names = names[: names.index(until) + 1]
     if only is not None:
         names = [n for n in names if n in only]
+    dist.init_from_env()
     status: dict[str, str] = {}
-    with locked(ctx.root):
+    with dist.guard("the pipeline"), _quiet_unless_main(ctx), contextlib.ExitStack() as stack:
+        if dist.is_main():  # rank 0 alone holds the lock (and writes)
+            stack.enter_context(locked(ctx.root))
+        dist.barrier(what="taking the artifacts lock")
         for name in names:
             status[name] = _run_stage(ctx, name)
             if name == "load":  # checks that need the model, also when the load stage was cached
@@ -147,25 +177,57 @@ def run_pipeline(ctx: Context, until: str | None = None, only: list[str] | None 
     return status
 
 
+@contextlib.contextmanager
+def _quiet_unless_main(ctx: Context):
+    """Silence the console and progress bars of the non-main ranks (rank 0 reports)."""
+    if dist.is_main():
+        yield
+        return
+    quiet, progress = ctx.console.quiet, ctx.progress
+    ctx.console.quiet, ctx.progress = True, False
+    try:
+        yield
+    finally:
+        ctx.console.quiet, ctx.progress = quiet, progress
+
+
 def _run_stage(ctx: Context, name: str) -> str:
     st = STAGES[name]
     sd = StageDir(ctx.root, name, ctx.key(name))
-    if name not in ctx.force and sd.is_complete():
+    main = dist.is_main()
+    complete = dist.broadcast_object((name not in ctx.force and sd.is_complete()) if main else None)
+    if complete:
         ctx.console.print(f"[dim]- {name}: up to date, skipped[/dim]")
         return "skipped"
     ctx.console.print(f"[bold]> {name}[/bold]: {st.summary}")
-    work = sd.begin()
+    if dist.enabled() and name not in DISTRIBUTED_STAGES:
+        if main:
+            with dist.local_only():
+                _build_and_publish(ctx, st, sd, sd.begin())
+        dist.barrier(what=f"waiting for rank 0's stage '{name}'")
+        return "ran"
+    with contextlib.ExitStack() as stack:
+        work = sd.begin() if main else stack.enter_context(scratch_folder(name, dist.rank()))
+        _build_and_publish(ctx, st, sd, work, publish=main)
+    dist.barrier(what=f"publishing stage '{name}'")  # the others may read the published folder now
+    return "ran"
+
+
+def _build_and_publish(ctx: Context, st: Stage, sd: StageDir, work: Path, *, publish: bool = True) -> None:
+    """Build into ``work``; when every rank succeeded, publish (rank 0); on any failure drop ``work``."""
     t0 = time.perf_counter()
     try:
         info = st.build(ctx, work) or {}
+        dist.barrier(what=f"stage '{st.name}'")  # every rank finished: a failure on any rank raises here
+        info = {"seconds": round(time.perf_counter() - t0, 3), "seed": ctx.recipe.seed,
+                "upstream": {u: ctx.key(u) for u in st.upstream}, **info}
+        if publish:
+            sd.publish(info)
     except BaseException:
-        sd.abort()
+        if publish:
+            sd.abort()
         raise
-    info = {"seconds": round(time.perf_counter() - t0, 3), "seed": ctx.recipe.seed,
-            "upstream": {u: ctx.key(u) for u in st.upstream}, **info}
-    sd.publish(info)
-    ctx.console.print(f"  {name}: done in {info['seconds']:.1f} s")
-    return "ran"
+    ctx.console.print(f"  {st.name}: done in {info['seconds']:.1f} s")
 
 
 def stage_manifest(ctx: Context, name: str) -> dict[str, Any]:

@@ -30,6 +30,14 @@ max_batch_size``; a batch larger than that is split by rows); ``"looped"`` runs 
 mask and batch with gates ``[layers, max_heads]`` (the reference). Both feed the same float64
 objective code, so they select the same heads up to float-rounding ties. Cost: ``sum_l (H_l + 1)``
 mask evaluations of the whole calibration set, no gradients.
+
+Under torch.distributed (:mod:`toolchain.distributed`) the forwards of each layer step (the same
+forwards, with the same rows and masks, that one process runs) are dealt round-robin to the
+ranks and their float64 logits exchanged unchanged; every rank then computes every objective
+value from identical logits, so the selection is the single-process one bit for bit (given the
+same per-forward numerics, i.e. the same torch build and thread count per process). A layer
+step has ``ceil((H_l + 1) / masks per forward)`` forwards per calibration batch: with few, large
+forwards the ranks cannot share the work evenly.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from toolchain.distributed import map_shards
 from toolchain.scoring._checks import check_choice, check_int
 from toolchain.scoring.calibration import (
     OOD_LABEL,
@@ -123,28 +132,45 @@ def evaluate_masks(
     max_batch_size = check_int("max_batch_size", max_batch_size, lo=1)
     k_total = int(masks.shape[0])
     masks = masks.to(gate_dtype(adapter.model))
-    per_batch = []
+    # The work as a fixed list of forwards ("units"), independent of the number of ranks: under
+    # torch.distributed each rank runs a share of the units and every rank gets every unit's
+    # logits back unchanged (float64, pickled), so each logit is computed by exactly the same
+    # forward (same rows, same masks, same shapes) as in a single process.
+    units: list[tuple[int, int, int, int, int]] = []  # (batch, row0, row1, mask0, mask1)
+    for b, (_batch, labels) in enumerate(data):
+        n = int(labels.shape[0])
+        if mode == "looped":
+            units += [(b, 0, n, k, k + 1) for k in range(k_total)]
+            continue
+        for r0, r1 in _chunks(n, max_batch_size):
+            k_per = max(1, max_batch_size // (r1 - r0))
+            units += [(b, r0, r1, k0, k1) for k0, k1 in _chunks(k_total, k_per)]
+
+    def run(u: int) -> torch.Tensor:
+        b, r0, r1, k0, k1 = units[u]
+        batch, labels = data[b]
+        n = int(labels.shape[0])
+        if mode == "looped":
+            return adapter.gated_logits(batch, masks[k0]).double()[None]
+        part = batch if (r0, r1) == (0, n) else subset([(batch, labels)], np.arange(r0, r1))[0][0]
+        r, k = r1 - r0, k1 - k0
+        gates = masks[k0:k1].repeat_interleave(r, dim=0)  # [k*r, L, H], mask-major
+        logits = adapter.gated_logits(_replicate(part, r, k), gates)
+        return logits.double().reshape(k, r, -1)
+
     with torch.no_grad():
-        for batch, labels in data:
-            n = int(labels.shape[0])
-            if mode == "looped":
-                per_batch.append(
-                    torch.stack([adapter.gated_logits(batch, masks[k]).double() for k in range(k_total)])
-                )
-                continue
-            rows_out = []
-            for r0, r1 in _chunks(n, max_batch_size):
-                part = batch if (r0, r1) == (0, n) else subset([(batch, labels)], np.arange(r0, r1))[0][0]
-                r = r1 - r0
-                k_per = max(1, max_batch_size // r)
-                outs = []
-                for k0, k1 in _chunks(k_total, k_per):
-                    k = k1 - k0
-                    gates = masks[k0:k1].repeat_interleave(r, dim=0)  # [k*r, L, H], mask-major
-                    logits = adapter.gated_logits(_replicate(part, r, k), gates)
-                    outs.append(logits.double().reshape(k, r, -1))
-                rows_out.append(torch.cat(outs, dim=0))
-            per_batch.append(torch.cat(rows_out, dim=1))
+        outs = map_shards(len(units), run)
+    per_batch = []
+    for b, (_batch, labels) in enumerate(data):
+        n = int(labels.shape[0])
+        mine = [(units[u], o) for u, o in enumerate(outs) if units[u][0] == b]
+        rows = []
+        for r0, r1 in sorted({(r0, r1) for (_b, r0, r1, _k0, _k1), _o in mine}):
+            rows.append(torch.cat([o for (_b, a0, a1, _k0, _k1), o in mine if (a0, a1) == (r0, r1)], dim=0))
+        out = torch.cat(rows, dim=1)
+        if tuple(out.shape[:2]) != (k_total, n):
+            raise RuntimeError(f"evaluate_masks: assembled {tuple(out.shape)} logits for {k_total} masks x {n} rows")
+        per_batch.append(out)
     return torch.cat(per_batch, dim=1)
 
 

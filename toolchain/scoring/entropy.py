@@ -22,6 +22,7 @@ import logging
 
 import torch
 
+from toolchain.distributed import map_shards
 from toolchain.scoring.calibration import as_calibration, data_hash, eval_mode
 from toolchain.scoring.scores import HeadScores, nan_scores
 
@@ -71,19 +72,28 @@ def mean_attention_entropy(adapter: object, calib: object) -> tuple[torch.Tensor
     """
     data = as_calibration(calib)
     hpl = adapter.heads_per_layer()
+
+    def one_batch(i: int) -> tuple[torch.Tensor, int]:
+        batch = data[i][0]
+        probs = adapter.attentions(batch)
+        mask = adapter.token_mask(batch)
+        if len(probs) != len(hpl):
+            raise RuntimeError(f"captured {len(probs)} attention maps for {len(hpl)} layers")
+        part = torch.zeros(len(hpl), max(hpl), dtype=torch.float64)
+        has = None
+        for l, p in enumerate(probs):
+            ae, has = attention_entropy(p, mask)
+            part[l, : hpl[l]] = ae[has].sum(dim=0)
+        return part, int(has.sum())
+
+    # whole batches spread over the ranks under torch.distributed; float64 sums added in batch order
+    with eval_mode(adapter.model), torch.no_grad():
+        per_batch = map_shards(len(data), one_batch)
     total = torch.zeros(len(hpl), max(hpl), dtype=torch.float64)
     count = 0
-    with eval_mode(adapter.model), torch.no_grad():
-        for batch, _labels in data:
-            probs = adapter.attentions(batch)
-            mask = adapter.token_mask(batch)
-            if len(probs) != len(hpl):
-                raise RuntimeError(f"captured {len(probs)} attention maps for {len(hpl)} layers")
-            has = None
-            for l, p in enumerate(probs):
-                ae, has = attention_entropy(p, mask)
-                total[l, : hpl[l]] += ae[has].sum(dim=0)
-            count += int(has.sum())
+    for part, n in per_batch:
+        total += part
+        count += n
     if count == 0:
         raise ValueError("calib has no sample with a real token: attention entropy is undefined")
     out = nan_scores(hpl)

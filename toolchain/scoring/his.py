@@ -29,6 +29,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from toolchain.distributed import map_shards
 from toolchain.scoring._checks import check_choice
 from toolchain.scoring.calibration import (
     as_calibration,
@@ -98,30 +99,32 @@ def his_scores(adapter: object, calib: object, *, token_norm: bool = False, mode
         raise ValueError(f"token_norm must be a bool, got {token_norm!r}")
     data = as_calibration(calib)
     hpl = adapter.heads_per_layer()
+
+    def one_batch(i: int) -> tuple[torch.Tensor, int, str]:
+        batch, labels = data[i]
+        sees = layers_see_batch(adapter, batch, int(labels.shape[0]))
+        if mode == "batched" and not sees:
+            raise ValueError("mode='batched' needs layers that see the batch's samples; use mode='auto'")
+        if token_norm and not sees:
+            raise ValueError("token_norm=True needs layers that see the batch's samples (one row per sample)")
+        batched = sees and mode != "looped"
+        grads = per_sample_gate_grads(adapter, batch, labels) if batched else _looped_grads(adapter, batch, labels)
+        if token_norm:
+            tokens = adapter.token_mask(batch).sum(dim=1).clamp(min=1).double()
+            grads = grads / tokens[:, None, None]
+        return grads.sum(dim=0), int(labels.shape[0]), "batched" if batched else "looped"
+
+    # per-batch float64 sums (whole batches spread over the ranks under torch.distributed), added
+    # in batch order on every rank: the same numbers as one process computing every batch
+    with eval_mode(adapter.model):
+        per_batch = map_shards(len(data), one_batch)
     total = torch.zeros(len(hpl), max(hpl), dtype=torch.float64)
     count = 0
     used = set()
-    with eval_mode(adapter.model):
-        for batch, labels in data:
-            sees = layers_see_batch(adapter, batch, int(labels.shape[0]))
-            if mode == "batched" and not sees:
-                raise ValueError("mode='batched' needs layers that see the batch's samples; use mode='auto'")
-            if token_norm and not sees:
-                raise ValueError(
-                    "token_norm=True needs layers that see the batch's samples (one row per sample)"
-                )
-            batched = sees and mode != "looped"
-            used.add("batched" if batched else "looped")
-            grads = (
-                per_sample_gate_grads(adapter, batch, labels)
-                if batched
-                else _looped_grads(adapter, batch, labels)
-            )
-            if token_norm:
-                tokens = adapter.token_mask(batch).sum(dim=1).clamp(min=1).double()
-                grads = grads / tokens[:, None, None]
-            total += grads.sum(dim=0)
-            count += int(labels.shape[0])
+    for batch_sum, n, how in per_batch:
+        total += batch_sum
+        count += n
+        used.add(how)
     scores = nan_scores(hpl)
     mean = total / count
     for l, n in enumerate(hpl):

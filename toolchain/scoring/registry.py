@@ -50,6 +50,15 @@ def _lookup(criterion: str) -> Callable[..., HeadScores]:
 def score_heads(adapter: object, calib: object, criterion: str, **params: Any) -> HeadScores:
     """Score every head of ``adapter``'s model with ``criterion``.
 
+    Under an initialised ``torch.distributed`` process group (:mod:`toolchain.distributed`),
+    every rank calls this with the same model and data: ``his``, ``taylor``, ``entropy`` and
+    ``hies`` spread whole calibration batches over the ranks and the circuit search spreads each
+    layer step's forwards; every rank gets the single-process result (per-batch float64 sums
+    and logits are exchanged unchanged and combined in the single-process order; the data hash
+    describes all the data). A failure on one rank ends the call on every rank
+    (:class:`toolchain.distributed.RemoteRankError` on the others). Inside
+    :func:`toolchain.distributed.local_only` it runs alone.
+
     Args:
         adapter: a :class:`toolchain.models.ModelAdapter`.
         calib: iterable of ``(batch dict, labels [B])`` (may be None for ``l2`` / ``random``).

@@ -16,6 +16,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from toolchain.distributed import map_shards
 from toolchain.scoring.calibration import as_calibration, check_labels, data_hash, eval_mode, gate_dtype
 from toolchain.scoring.scores import HeadScores, nan_scores
 
@@ -44,10 +45,11 @@ def taylor_scores(adapter: object, calib: object) -> HeadScores:
     """
     data = as_calibration(calib)
     hpl = adapter.heads_per_layer()
+    with eval_mode(adapter.model):  # whole batches spread over the ranks under torch.distributed
+        per_batch = map_shards(len(data), lambda i: batch_gate_grad(adapter, *data[i]).square())
     total = torch.zeros(len(hpl), max(hpl), dtype=torch.float64)
-    with eval_mode(adapter.model):
-        for batch, labels in data:
-            total += batch_gate_grad(adapter, batch, labels).square()
+    for sq in per_batch:  # float64, in batch order on every rank (= the single-process sum)
+        total += sq
     mean = total / len(data)
     scores = nan_scores(hpl)
     for l, n in enumerate(hpl):

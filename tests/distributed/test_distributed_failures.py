@@ -1,0 +1,47 @@
+"""A rank that raises (or never arrives) ends the job on every rank with its message, nonzero, without a hang."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+LIMIT_S = 90  # a hang fails the test here; the jobs' collective timeout is 60 s (3 s for "hang")
+SCENARIOS = {  # scenario: (failing rank, message both ranks report, extra environment)
+    "fail-collective": (1, "rank 1 failed: ValueError: boom from rank 1", {}),  # rank 0 waits in a collective
+    "fail-busy": (1, "rank 1 failed: ValueError: boom from rank 1", {}),  # rank 0 computes, no collective
+    "fail-main": (0, "rank 0 failed: ValueError: boom from rank 0", {}),  # the store host fails, rank 1 in barrier
+    "hang": (0, "Timed out waiting", {"HYDRA_DIST_TIMEOUT_S": "3"}),  # rank 1 never arrives: rank 0 times out
+}
+
+
+@pytest.fixture(scope="module")
+def outcomes(jobs, tmp_path_factory):
+    """Every scenario's two ranks, the scenarios run side by side."""
+    out = tmp_path_factory.mktemp("dist-fail")
+    with ThreadPoolExecutor(len(SCENARIOS)) as pool:
+        futures = {s: pool.submit(jobs.worker, s, out, timeout=LIMIT_S, **env) for s, (_, _, env) in SCENARIOS.items()}
+        return {s: f.result() for s, f in futures.items()}
+
+
+def _seconds(stderr: str) -> float:
+    return float(stderr.rsplit("exits after ", 1)[1].split(" s")[0])
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_failure_on_one_rank_ends_every_rank(outcomes, scenario):
+    failing, message, _env = SCENARIOS[scenario]
+    results = outcomes[scenario]
+    for rank, r in enumerate(results):
+        assert r.returncode != 0, (rank, r.stderr[-2000:])
+        assert message in r.stderr, (rank, r.stderr[-2000:])
+        assert "unreachable" not in r.stderr
+        # every rank stopped long before the 60 s collective timeout / the 120 s busy loops
+        assert _seconds(r.stderr) < 20, (rank, r.stderr[-2000:])
+    other = results[1 - failing]
+    assert f"rank {failing} failed" in other.stderr and "the job ends on every rank" in other.stderr
+    if scenario != "hang":
+        assert results[failing].returncode == 4  # its own (internal) error, like the CLI
+        assert other.returncode == 4  # the failing rank's exit code is carried over
+    else:
+        assert "lost contact" in results[0].stderr and results[0].returncode == 2
