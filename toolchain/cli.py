@@ -83,6 +83,10 @@ def run(recipe: RecipeArg, profile: ProfileOpt = None, force: ForceOpt = None) -
     from toolchain.stages import parity_outcome
 
     status = run_pipeline(ctx)
+    from toolchain import distributed as dist
+
+    if not dist.is_main():  # under torchrun: rank 0 reports
+        return
     ran = [k for k, v in status.items() if v == "ran"]
     _print_summary(ctx)
     parity_outcome(ctx)
@@ -137,6 +141,10 @@ def parity(
 
     ctx = _context(recipe, profile, force)
     run_pipeline(ctx, until="parity")
+    from toolchain import distributed as dist
+
+    if not dist.is_main():  # under torchrun: rank 0 reports (and rescues)
+        return
     if rescue:
         results = rescue_failing_graphs(ctx)
         if results and all(r["passed"] for r in results):
@@ -303,9 +311,14 @@ def _print_summary(ctx) -> None:
     table.add_column("variant")
     for k in keys:
         table.add_column(k, justify="right")
-    for name in ("single", "deep-ensemble", "hydra", "hydra-members-mean"):
-        if name in metrics:
-            table.add_row(name, *[f"{metrics[name][k]:.4f}" if k in metrics[name] else "-" for k in keys])
+    try:
+        compare = json.loads((ctx.stage_dir("compare") / "compare.json").read_text())
+    except (OSError, ValueError):
+        compare = {}
+    rows = [(n, metrics[n]) for n in ("single", "deep-ensemble", "hydra", "hydra-members-mean") if n in metrics]
+    rows += [(f"hydra-{n}", v["metrics"]["hydra"]) for n, v in compare.items()]
+    for name, m in rows:
+        table.add_row(name, *[f"{m[k]:.4f}" if k in m else "-" for k in keys])
     console.print(table)
     groups = ", ".join(f"{g}: {r['status']}" for g, r in verdict["groups"].items())
     console.print(f"parity: {groups}; report: {ctx.stage_dir('report') / 'report.html'}")

@@ -251,7 +251,8 @@ class Recipe(_Strict):
             over = getattr(entry, section)
             if over:
                 cls = type(getattr(self, section))
-                update[section] = cls.model_validate(_deep_merge(getattr(self, section).model_dump(exclude_unset=True), over))
+                base = getattr(self, section).model_dump(exclude_unset=True)
+                update[section] = cls.model_validate(_deep_merge(base, over))
         return self.model_copy(update=update)
 
     def digest(self, *sections: str) -> str:

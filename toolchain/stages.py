@@ -110,8 +110,12 @@ def _adapter_kwargs(adapter: ModelAdapter) -> dict[str, Any]:
     return adapter._clone_kwargs()
 
 
-def train_classifier(ctx: Context, seed: int, desc: str) -> tuple[torch.nn.Module, ModelAdapter, Any, dict]:
-    """A fresh base model fine-tuned on the training split with ``seed`` (data order, head init)."""
+def train_classifier(ctx: Context, seed: int, desc: str,
+                     process_group: Any = None) -> tuple[torch.nn.Module, ModelAdapter, Any, dict]:
+    """A fresh base model fine-tuned on the training split with ``seed`` (data order, head init).
+
+    ``process_group``: train data-parallel over that group of ranks (see :mod:`toolchain.distributed`).
+    """
     from toolchain.pruning.finetune import finetune
 
     r = ctx.recipe
@@ -127,7 +131,7 @@ def train_classifier(ctx: Context, seed: int, desc: str) -> tuple[torch.nn.Modul
             model, adapter,
             lambda bs, s: ctx.batches(ctx.data["train"], bs, tok, seed=s),
             steps=r.finetune.steps, lr=r.finetune.lr, batch_size=r.finetune.batch_size, seed=seed,
-            weight_decay=r.finetune.weight_decay, progress=ctx.progress,
+            weight_decay=r.finetune.weight_decay, progress=ctx.progress, process_group=process_group,
         )
         info["loss_first"], info["loss_last"] = hist["losses"][0], hist["losses"][-1]
     info["val_accuracy"] = evaluate_accuracy(ctx, adapter, "val", tok)
@@ -188,19 +192,34 @@ def ensemble_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """Members 1..M-1 trained exactly as the base (same steps, lr, schedule); member 0 is the base."""
     import shutil
 
+    from toolchain import distributed as dist
     from toolchain.models import save_model
 
     m = ctx.recipe.pruning.members
-    base = ctx.stage_dir("finetune") / "model"
-    shutil.copytree(base, work / "member0")
-    infos = [read_json(ctx.stage_dir("finetune") / "metrics.json")]
-    for i in range(1, m):
-        seed = ctx.recipe.seed + 1000 * i
-        model, _a, tok, info = train_classifier(ctx, seed, f"deep-ensemble member {i}/{m - 1} (seed {seed})")
-        save_model(model, work / f"member{i}", tokenizer=tok)
-        info["seed"] = seed
-        infos.append(info)
-    atomic_write_json(work / "metrics.json", {"members": infos})
+    # under torchrun the M - 1 trainings are spread over the ranks (data-parallel when ranks > jobs);
+    # every rank calls assign / gather_results in the same order, rank 0 saves
+    jobs = dist.assign(m - 1)  # job j trains member j + 1
+    local: dict[int, Any] = {}
+    for j in jobs.items:
+        seed = ctx.recipe.seed + 1000 * (j + 1)
+        model, _a, tok, info = train_classifier(ctx, seed, f"deep-ensemble member {j + 1}/{m - 1} (seed {seed})",
+                                                process_group=jobs.group)
+        if jobs.leads(j):  # one process: the model itself; ranks: its weights travel to rank 0
+            local[j] = ((model, tok) if not dist.enabled() else model.state_dict(), info)
+    results = dist.gather_results(jobs, local)
+    if dist.is_main():
+        shutil.copytree(ctx.stage_dir("finetune") / "model", work / "member0")
+        infos = [read_json(ctx.stage_dir("finetune") / "metrics.json")]
+        for j in sorted(results):
+            trained, info = results[j]
+            if isinstance(trained, tuple):
+                model, tok = trained
+            else:
+                model, _a, tok = _reseeded_base(ctx, info["seed"])
+                model.load_state_dict(trained)
+            save_model(model, work / f"member{j + 1}", tokenizer=tok)
+            infos.append(info)
+        atomic_write_json(work / "metrics.json", {"members": infos})
     return {"members": m}
 
 
@@ -333,12 +352,16 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
 
 def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch.Tensor, work: Path) -> None:
     """Prune each member physically and fine-tune it (per-member seed and data order)."""
+    from toolchain import distributed as dist
     from toolchain.models import save_model
     from toolchain.pruning.finetune import finetune
 
     rec = ctx.recipe.pruning.recovery
     train = ctx.data["train"]
-    for i, keep in enumerate(masks):
+    jobs = dist.assign(len(masks))  # under torchrun: members spread over the ranks, rank 0 saves
+    local: dict[int, Any] = {}
+    for i in jobs.items:
+        keep = masks[i]
         pruned = adapter.prune(keep)
         pa = adapter_for(pruned, **_adapter_kwargs(adapter))
         seed = ctx.recipe.seed + 7919 * (i + 1)
@@ -349,8 +372,18 @@ def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch
         ctx.console.print(f"  recovery fine-tuning of member {i}: {rec.steps} steps (seed {seed}"
                           + (", bootstrap of the training split)" if rec.bootstrap else ")"))
         finetune(pruned, pa, lambda bs, s, part=part: ctx.batches(part, bs, tok, seed=s),
-                 steps=rec.steps, lr=rec.lr, batch_size=rec.batch_size, seed=seed, progress=ctx.progress)
-        save_model(pruned, work / f"member{i}", tokenizer=tok)
+                 steps=rec.steps, lr=rec.lr, batch_size=rec.batch_size, seed=seed, progress=ctx.progress,
+                 process_group=jobs.group)
+        if jobs.leads(i):
+            local[i] = pruned if not dist.enabled() else pruned.state_dict()
+    results = dist.gather_results(jobs, local)
+    if dist.is_main():
+        for i in sorted(results):
+            pruned = results[i]
+            if not isinstance(pruned, torch.nn.Module):
+                state, pruned = pruned, adapter.prune(masks[i])
+                pruned.load_state_dict(state)
+            save_model(pruned, work / f"member{i}", tokenizer=tok)
 
 
 def plot_member_masks(masks: torch.Tensor, path: Path, title: str) -> Path:
