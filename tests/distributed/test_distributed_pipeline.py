@@ -158,3 +158,32 @@ def test_two_ranks_train_the_ensemble_and_recover_members_like_one_process(jobs,
     verify = subprocess.run([sys.executable, "-m", "toolchain", "verify", str(b)], cwd=ROOT, env=_env(scratch),
                             capture_output=True, text=True)
     assert verify.returncode == 0, verify.stderr
+
+
+def test_accelerate_launch_runs_the_score_stage_on_two_ranks(jobs, tmp_path):
+    pytest.importorskip("accelerate", reason="accelerate is not installed (pip install accelerate)")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    entry = tmp_path / "entry.py"  # the CLI, announcing each rank first
+    entry.write_text("import os, sys\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n"
+                     "from toolchain.cli import main\nmain(sys.argv[1:])\n")
+    single, multi = tmp_path / "single.yaml", tmp_path / "multi.yaml"
+    single.write_text(RECIPE.format(art=tmp_path / "art-single"))
+    multi.write_text(RECIPE.format(art=tmp_path / "art-multi"))
+    ref = subprocess.Popen([sys.executable, "-m", "toolchain", "score", str(single)], cwd=ROOT, env=_env(scratch),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # --multi_gpu selects accelerate's torchrun launcher (on a machine without GPUs the ranks use gloo);
+    # --cpu would select its single-process launcher
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+           "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(jobs.free_port()),
+           str(entry), "score", str(multi)]
+    code, out = _finish(subprocess.Popen(cmd, cwd=ROOT, env=_env(scratch), stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True), timeout=300)
+    ref_code, ref_out = _finish(ref)
+    assert ref_code == 0, ref_out[-3000:]
+    assert code == 0, out[-3000:]
+    assert "rank 0 of 2" in out and "rank 1 of 2" in out, out[-3000:]
+    got = json.loads((tmp_path / "art-multi" / "tiny" / "score" / "scores.json").read_text())
+    want = json.loads((tmp_path / "art-single" / "tiny" / "score" / "scores.json").read_text())
+    for row_g, row_w in zip(got["scores"], want["scores"], strict=True):
+        assert row_g == pytest.approx(row_w, rel=1e-6, abs=0)
