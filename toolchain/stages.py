@@ -107,7 +107,7 @@ def load_stage(ctx: Context, work: Path) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- fine-tuning
 def _adapter_kwargs(adapter: ModelAdapter) -> dict[str, Any]:
-    return adapter._clone_kwargs()
+    return adapter.clone_kwargs()
 
 
 def train_classifier(ctx: Context, seed: int, desc: str,

@@ -39,7 +39,7 @@ def test_structure_lists_heads(tiny):
     a = tiny.adapter
     assert a.heads_per_layer() == [4, 4]
     assert a.head_dims() == [8, 8]
-    pruned = adapter_for(a.prune(_mask_with_single_head_layer(a)), **a._clone_kwargs())
+    pruned = adapter_for(a.prune(_mask_with_single_head_layer(a)), **a.clone_kwargs())
     assert pruned.heads_per_layer() == [1, 2]
     assert pruned.head_dims() == [8, 8]
     assert a.heads_per_layer() == [4, 4], "pruning must leave the input model untouched"
@@ -61,7 +61,7 @@ def test_zero_gates_equal_physical_pruning(tiny):
     a = tiny.adapter
     keep = _mask_with_single_head_layer(a)
     before = {k: v.clone() for k, v in tiny.model.state_dict().items()}
-    pruned = adapter_for(a.prune(keep), **a._clone_kwargs())
+    pruned = adapter_for(a.prune(keep), **a.clone_kwargs())
     with torch.no_grad():
         gated = a.gated_logits(batch, keep.float())
         physical = pruned.logits(batch)
@@ -187,12 +187,12 @@ def test_pruned_clip_save_load(tmp_path):
     a = tiny.adapter
     pruned = a.prune(_mask_with_single_head_layer(a))
     folder = save_model(pruned, tmp_path / "clip")
-    reloaded = load_model(folder, tokenizer=False, adapter_kwargs=a._clone_kwargs())
+    reloaded = load_model(folder, tokenizer=False, adapter_kwargs=a.clone_kwargs())
     assert reloaded.adapter.heads_per_layer() == [1, 2]
     assert reloaded.model.text_model.encoder.layers[0].self_attn.q_proj.out_features == 32
     batch = tiny.make_batch(2)
     with torch.no_grad():
-        assert torch.allclose(adapter_for(pruned, **a._clone_kwargs()).logits(batch),
+        assert torch.allclose(adapter_for(pruned, **a.clone_kwargs()).logits(batch),
                               reloaded.adapter.logits(batch), atol=1e-6)
 
 

@@ -31,7 +31,7 @@ def _pruned(tiny):
     keep[0, 1:] = False  # layer 0 keeps one head
     keep[1, 3] = False
     model = tiny.adapter.prune(keep)
-    return type(tiny.adapter)(model, **tiny.adapter._clone_kwargs())
+    return type(tiny.adapter)(model, **tiny.adapter.clone_kwargs())
 
 
 @pytest.mark.parametrize("criterion", sorted(CRITERIA))

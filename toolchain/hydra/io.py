@@ -37,8 +37,8 @@ WEIGHTS_FILE = "model.safetensors"
 # ------------------------------------------------------------------ adapter arguments
 def encode_adapter_kwargs(adapter: ModelAdapter) -> dict[str, Any]:
     """The adapter's construction arguments (beyond the model) as JSON-able data."""
-    # ``_clone_kwargs`` is the adapters' own way to rebuild themselves around another model.
-    return _encode(adapter._clone_kwargs(), "adapter_kwargs")
+    # ``clone_kwargs`` is the adapters' own way to rebuild themselves around another model.
+    return _encode(adapter.clone_kwargs(), "adapter_kwargs")
 
 
 def _encode(value: Any, where: str) -> Any:

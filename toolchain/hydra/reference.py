@@ -19,7 +19,7 @@ from toolchain.models.base import ModelAdapter
 
 def like_adapter(adapter: ModelAdapter, model: torch.nn.Module) -> ModelAdapter:
     """An adapter of ``adapter``'s family and construction arguments around ``model``."""
-    return type(adapter)(model, **adapter._clone_kwargs())
+    return type(adapter)(model, **adapter.clone_kwargs())
 
 
 def member_adapters(adapter: ModelAdapter, keep_masks: torch.Tensor) -> list[ModelAdapter]:

@@ -283,7 +283,7 @@ class ModelAdapter(ABC):
         if keep.dim() != 2 or keep.shape[0] != self.num_layers:
             raise ValueError(f"keep mask must be [layers={self.num_layers}, heads]; got {tuple(keep.shape)}")
         new_model = copy.deepcopy(self.model)
-        new_adapter = type(self)(new_model, **self._clone_kwargs())
+        new_adapter = type(self)(new_model, **self.clone_kwargs())
         for idx, lv in enumerate(new_adapter.layers()):
             row = keep[idx, : lv.num_heads]
             if not bool(row.any()):
@@ -293,7 +293,8 @@ class ModelAdapter(ABC):
         new_adapter._record_heads()
         return new_model
 
-    def _clone_kwargs(self) -> dict:
+    def clone_kwargs(self) -> dict:
+        """Keyword arguments that rebuild this adapter around another model (e.g. a pruned copy)."""
         return {}
 
     def _record_heads(self) -> None:

@@ -65,7 +65,8 @@ class CLIPAdapter(ModelAdapter):
         self.tower = tower
         self.prompts = prompts
 
-    def _clone_kwargs(self) -> dict:
+    def clone_kwargs(self) -> dict:
+        """The class prompts and the pruned tower."""
         return {"prompts": self.prompts, "tower": self.tower}
 
     def _tower(self) -> nn.Module:
