@@ -233,7 +233,7 @@ class Recipe(_Strict):
                     continue
                 cls = type(getattr(self, section))
                 try:
-                    cls.model_validate(_deep_merge(getattr(self, section).model_dump(exclude_unset=True), over))
+                    cls.model_validate(_merged_section(getattr(self, section), over))
                 except ValidationError as exc:
                     why = "; ".join(
                         f"field 'compare.{i}.{section}{''.join('.' + str(p) for p in e['loc'])}' "
@@ -251,8 +251,7 @@ class Recipe(_Strict):
             over = getattr(entry, section)
             if over:
                 cls = type(getattr(self, section))
-                base = getattr(self, section).model_dump(exclude_unset=True)
-                update[section] = cls.model_validate(_deep_merge(base, over))
+                update[section] = cls.model_validate(_merged_section(getattr(self, section), over))
         return self.model_copy(update=update)
 
     def digest(self, *sections: str) -> str:
@@ -281,6 +280,18 @@ def _deep_merge(base: dict, over: dict) -> dict:
         else:
             out[key] = value
     return out
+
+
+def _merged_section(section: BaseModel, over: dict) -> dict:
+    """A compare entry's partial section over the recipe's (only the recipe's explicitly set fields).
+
+    An entry that switches ``pruning.strategy`` away from ``mixed-criteria`` drops the inherited
+    ``criteria`` (they belong to that strategy alone) unless it sets them itself.
+    """
+    base = section.model_dump(exclude_unset=True)
+    if "strategy" in over and over["strategy"] != "mixed-criteria" and "criteria" not in over:
+        base.pop("criteria", None)
+    return _deep_merge(base, over)
 
 
 def _fields_of(model: type[BaseModel], path: tuple) -> list[str]:

@@ -43,12 +43,16 @@ STRATEGIES: dict[str, dict] = {
     "mixed-his-taylor-hies": {"pruning": {"strategy": "mixed-criteria", "criteria": ["his", "taylor", "hies"]}},
     "circuit-samples": {"scoring": {"criterion": "circuit", "objective": "ood_auroc", "calib_samples": 64},
                         "pruning": {"strategy": "circuit-samples"}},
+    # the most diverse heads, then a recovery fine-tune per member (own seed, order and bootstrap of the data)
+    "partition-core0-recovery": {"pruning": {"strategy": "partition", "core": 0,
+                                             "recovery": {"steps": 100, "bootstrap": True}}},
 }
 
 METRICS = [("accuracy", "acc"), ("nll", "NLL"), ("ece", "ECE"), ("brier", "Brier"), ("auroc_msp", "AUROC MSP"),
            ("aupr_msp", "AUPR MSP"), ("fpr95_msp", "FPR95 MSP"), ("auroc_entropy", "AUROC ent"),
            ("auroc_mi", "AUROC MI")]
-GAINS = [("nll", "gain NLL"), ("auroc_msp", "gain AUROC MSP"), ("auroc_mi", "gain AUROC MI"), ("ece", "gain ECE")]
+GAINS = [("nll", "gain NLL"), ("auroc_msp", "gain AUROC MSP"), ("auroc_entropy", "gain AUROC ent"),
+         ("auroc_mi", "gain AUROC MI"), ("ece", "gain ECE")]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -54,9 +54,10 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path):
     report = (art / "report" / "report.md").read_text()
     assert report.count("| hydra |") == 2  # the results table and the ensemble-gain table
     # the recipe's compare variants (Taylor, circuit) side by side, each pruned with its own criterion
-    assert "| hydra-taylor |" in report and "| hydra-circuit |" in report
+    assert all(f"| hydra-{n} |" in report for n in ("hies", "taylor", "circuit"))
     compare = json.loads((art / "compare" / "compare.json").read_text())
-    assert {k: v["criterion"] for k, v in compare.items()} == {"taylor": "taylor", "circuit": "circuit"}
+    assert {k: v["criterion"] for k, v in compare.items()} == {"hies": "hies", "taylor": "taylor", "circuit": "circuit"}
+    assert json.loads((art / "prune" / "members.json").read_text())["criterion"] == "his+hies"  # mixed-criteria
     for name in compare:
         assert json.loads((art / "variants" / name / "prune" / "members.json").read_text())["criterion"] == name
     # ensemble gain with paired-bootstrap intervals, for Hydra and the deep ensemble
