@@ -118,7 +118,7 @@ def build_report(root: Path, out_dir: Path, title: str) -> dict[str, Path]:
     diversity = dict(_read(root / "evaluate" / "diversity.json") or {})
     compare = _read(root / "compare" / "compare.json") or {}
     fuse_summary = _read(root / "fuse" / "summary.json")
-    parity = _read(root / "parity" / "report.json")
+    parity_md = root / "parity" / "summary.md"
     prune_cfg = _read(root / "prune" / "members.json") or {}
     bench_md = root / "bench" / "latency.md"
     sizes = _sizes(fuse_summary)
@@ -153,9 +153,8 @@ def build_report(root: Path, out_dir: Path, title: str) -> dict[str, Path]:
         parts += ["## Members", "", f"- heads kept: {members.get('kept_heads')}",
                   f"- mean pairwise Jaccard of kept heads: {jac:.3f}" if jac is not None else "- single member",
                   f"- mean disagreement with the ensemble (validation): {dis:.3f}" if dis is not None else "", ""]
-    if parity:
-        parts += ["## Parity", "", (root / "parity" / "summary.md").read_text()
-                  if (root / "parity" / "summary.md").exists() else json.dumps(parity.get("summary", {})), ""]
+    if parity_md.exists():  # the parity stage's verdict per group (hydra, single) and per engine
+        parts += ["## Parity", "", parity_md.read_text().replace("\n## Parity:", "\n### Parity:"), ""]
     if bench_md.exists():
         parts += ["## Latency", "", bench_md.read_text(), ""]
     images = [p for d in ("evaluate", "prune", "score", "compare", "bench") for p in sorted((root / d).glob("*.png"))]

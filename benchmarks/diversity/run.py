@@ -43,7 +43,11 @@ STRATEGIES: dict[str, dict] = {
     "mixed-his-taylor-hies": {"pruning": {"strategy": "mixed-criteria", "criteria": ["his", "taylor", "hies"]}},
     "circuit-samples": {"scoring": {"criterion": "circuit", "objective": "ood_auroc", "calib_samples": 64},
                         "pruning": {"strategy": "circuit-samples"}},
-    # the most diverse heads, then a recovery fine-tune per member (own seed, order and bootstrap of the data)
+}
+
+#: shown beside the strategies but not selectable: they train more (a recovery fine-tune per member)
+EXTRAS: dict[str, dict] = {
+    # the most diverse heads, then 100 steps per member (own seed, data order and bootstrap of the training split)
     "partition-core0-recovery": {"pruning": {"strategy": "partition", "core": 0,
                                              "recovery": {"steps": 100, "bootstrap": True}}},
 }
@@ -133,10 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     run_pipeline(ctx, only=["load", "finetune", "ensemble", "score", "prune", "fuse", "evaluate"])
     base = read_json(ctx.stage_dir("evaluate") / "metrics.json")
     base_div = read_json(ctx.stage_dir("evaluate") / "diversity.json")
-    names = list(STRATEGIES) if args.only is None else args.only.split(",")
+    every = {**STRATEGIES, **EXTRAS}
+    names = list(every) if args.only is None else args.only.split(",")
     rows: dict[str, dict] = {}
     for name in names:
-        entry = CompareEntry(name=name, **STRATEGIES[name])
+        entry = CompareEntry(name=name, **every[name])
         sub = VariantContext(ctx, recipe.variant(entry))
         console.print(f"[bold]strategy {name}[/bold]")
         run_pipeline(sub, only=VARIANT_STAGES)
@@ -144,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         members = read_json(sub.stage_dir("prune") / "diversity.json")
         div = read_json(ev / "diversity.json").get("hydra", {})
         rows[name] = {
-            "overrides": STRATEGIES[name],
+            "overrides": every[name],
+            "selectable": name in STRATEGIES,
             "metrics": read_json(ev / "metrics.json")["hydra"],
             "members_mean": read_json(ev / "metrics.json")["hydra-members-mean"],
             "selection": read_json(ev / "selection.json"),
@@ -155,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             "gain": div.get("gain", {}),
             "size": read_json(sub.stage_dir("fuse") / "summary.json"),
         }
-    chosen, why = select(rows, args.acc_slack)
+    chosen, why = select({n: r for n, r in rows.items() if r["selectable"]}, args.acc_slack)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     head = ("| strategy | Jaccard | disagree | KL | " + " | ".join(c for _, c in METRICS) + " | "
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                  + " | ".join(_gain_cell(de_gain.get("gain", {}).get(k)) for k, _ in GAINS)
                  + f" | {fuse['weight_bytes']['deep_ensemble'] / 1e6:.1f} |")
     for name, r in rows.items():
-        mark = " (selected)" if name == chosen else ""
+        mark = " (selected)" if name == chosen else "" if r["selectable"] else " (extra training, not selectable)"
         lines.append(f"| {name}{mark} | {_cell(r['jaccard'], '.3f')} | {_cell(r['disagreement'], '.3f')} | "
                      f"{_cell(r['kl'])} | " + " | ".join(_cell(r["metrics"].get(k)) for k, _ in METRICS) + " | "
                      + " | ".join(_gain_cell(r["gain"].get(k)) for k, _ in GAINS)

@@ -165,8 +165,11 @@ def test_accelerate_launch_runs_the_score_stage_on_two_ranks(jobs, tmp_path):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     entry = tmp_path / "entry.py"  # the CLI, announcing each rank first
-    entry.write_text("import os, sys\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n"
-                     "from toolchain.cli import main\nmain(sys.argv[1:])\n")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    entry.write_text("import os, sys, pathlib\n"  # each rank leaves a mark: rank<R>-of-<WORLD_SIZE>
+                     f"pathlib.Path({str(marks)!r}, f\"rank{{os.environ['RANK']}}-of-{{os.environ['WORLD_SIZE']}}\")"
+                     ".touch()\nfrom toolchain.cli import main\nmain(sys.argv[1:])\n")
     single, multi = tmp_path / "single.yaml", tmp_path / "multi.yaml"
     single.write_text(RECIPE.format(art=tmp_path / "art-single"))
     multi.write_text(RECIPE.format(art=tmp_path / "art-multi"))
@@ -182,7 +185,7 @@ def test_accelerate_launch_runs_the_score_stage_on_two_ranks(jobs, tmp_path):
     ref_code, ref_out = _finish(ref)
     assert ref_code == 0, ref_out[-3000:]
     assert code == 0, out[-3000:]
-    assert "rank 0 of 2" in out and "rank 1 of 2" in out, out[-3000:]
+    assert sorted(p.name for p in marks.iterdir()) == ["rank0-of-2", "rank1-of-2"], out[-3000:]
     got = json.loads((tmp_path / "art-multi" / "tiny" / "score" / "scores.json").read_text())
     want = json.loads((tmp_path / "art-single" / "tiny" / "score" / "scores.json").read_text())
     for row_g, row_w in zip(got["scores"], want["scores"], strict=True):
