@@ -1,0 +1,54 @@
+"""Recovery fine-tuned members fuse: the pipeline freezes the shared embeddings while members recover."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # real data (Fashion-MNIST) through the CLI
+
+RECIPE = """\
+name: tiny-recovery
+seed: 0
+artifacts_dir: {art}
+model:
+  family: vit
+  from_config: {{image_size: 28, patch_size: 7, num_channels: 1, hidden_size: 32, num_hidden_layers: 2,
+                num_attention_heads: 4, intermediate_size: 64}}
+  image_size: 28
+  num_channels: 1
+data:
+  id: fashion-mnist
+  ood: null
+  splits: {{train: 64, val: 32, calib: 16, test: 32}}
+finetune: {{steps: 2, batch_size: 8}}
+scoring: {{criterion: his, calib_samples: 16, batch_size: 8}}
+pruning: {{members: 2, strategy: partition, ratio: 0.25, recovery: {{steps: 3, batch_size: 8, bootstrap: true}}}}
+engines: [torch]
+"""
+
+
+def test_recovered_members_fuse_and_keep_the_base_embeddings(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE.format(art=tmp_path / "art"))
+    out = subprocess.run([sys.executable, "-m", "toolchain", "fuse", str(recipe)], cwd=ROOT, capture_output=True,
+                         text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    from safetensors.torch import load_file
+
+    root = tmp_path / "art" / "tiny-recovery"
+    base = load_file(str(root / "finetune" / "model" / "model.safetensors"))
+    for i in range(2):
+        member = load_file(str(root / "prune" / f"member{i}" / "model.safetensors"))
+        emb = [k for k in member if ".embeddings." in k]
+        assert emb and all(bool((member[k] == base[k]).all()) for k in emb)  # frozen during recovery
+        changed = [k for k in member if ".embeddings." not in k and k in base and member[k].shape == base[k].shape
+                   and not bool((member[k] == base[k]).all())]
+        assert changed  # the rest did train
+    assert json.loads((root / "fuse" / "summary.json").read_text())["members"] == 2
