@@ -132,36 +132,47 @@ def finetune(
     losses: list[float] = []
     lrs: list[float] = []
     bar = tqdm(total=steps, desc="finetune", disable=not progress, leave=False)
+    def step_loss(batch: Any, labels: Any) -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(adapter.logits(batch).float(), torch.as_tensor(labels, dtype=torch.long))
+        loss.backward()
+        return float(loss.detach())
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model.train()
-        try:
-            epoch = 0
-            while len(losses) < steps:
-                got = 0
-                for batch, labels in batches_fn(batch_size, epoch_seed(seed, epoch)):
-                    got += 1
-                    lrs.append(float(opt.param_groups[0]["lr"]))
-                    logits = adapter.logits(batch)
-                    loss = F.cross_entropy(logits.float(), torch.as_tensor(labels, dtype=torch.long))
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if grad_clip is not None:
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-                    opt.step()
-                    sched.step()
-                    losses.append(float(loss.detach()))
-                    _report(bar, losses, steps, log_every)
-                    if len(losses) >= steps:
-                        break
-                if got == 0:
-                    raise ValueError(f"batches_fn(batch_size={batch_size}, seed=...) yielded no batch")
-                epoch += 1
-        finally:
-            model.eval()
-            bar.close()
+        _train_loop(model, batches_fn, step_loss, opt=opt, sched=sched, bar=bar, steps=steps, batch_size=batch_size,
+                    seed=seed, grad_clip=grad_clip, log_every=log_every, losses=losses, lrs=lrs)
     log.info("finetune: %d steps, loss %.4f -> %.4f", steps, losses[0], losses[-1])
     return {"losses": losses, "lrs": lrs}
+
+
+def _train_loop(model: nn.Module, batches_fn: BatchesFn, step_loss: Callable[[Any, Any], float], *, opt: Any,
+                sched: Any, bar: Any, steps: int, batch_size: int, seed: int, grad_clip: float | None,
+                log_every: int, losses: list[float], lrs: list[float]) -> None:
+    """Epochs of ``batches_fn`` until ``steps`` optimizer steps; ``step_loss`` fills the gradients."""
+    model.train()
+    try:
+        epoch = 0
+        while len(losses) < steps:
+            got = 0
+            for batch, labels in batches_fn(batch_size, epoch_seed(seed, epoch)):
+                got += 1
+                lrs.append(float(opt.param_groups[0]["lr"]))
+                loss_value = step_loss(batch, labels)
+                if grad_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                opt.step()
+                sched.step()
+                losses.append(loss_value)
+                _report(bar, losses, steps, log_every)
+                if len(losses) >= steps:
+                    break
+            if got == 0:
+                raise ValueError(f"batches_fn(batch_size={batch_size}, seed=...) yielded no batch")
+            epoch += 1
+    finally:
+        model.eval()
+        bar.close()
 
 
 def _report(bar: Any, losses: list[float], steps: int, log_every: int) -> None:
@@ -233,42 +244,24 @@ def _finetune_data_parallel(
     losses: list[float] = []
     lrs: list[float] = []
     bar = tqdm(total=steps, desc=f"finetune (data parallel x{size})", disable=not progress or me != 0, leave=False)
+    def step_loss(batch: Any, labels: Any) -> float:
+        labels = torch.as_tensor(labels, dtype=torch.long)
+        n = int(labels.shape[0])
+        rows = torch.tensor_split(torch.arange(n), size)[me]
+        opt.zero_grad(set_to_none=True)
+        part = 0.0
+        if rows.numel():
+            logits = adapter.logits(_rows(batch, n, rows))
+            y = labels.index_select(0, rows).to(logits.device)
+            loss = F.cross_entropy(logits.float(), y, reduction="sum") / n
+            loss.backward()
+            part = float(loss.detach())
+        return _sync_gradients(params, part, group)
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed + 7919 * me)
-        model.train()
-        try:
-            epoch = 0
-            while len(losses) < steps:
-                got = 0
-                for batch, labels in batches_fn(batch_size, epoch_seed(seed, epoch)):
-                    got += 1
-                    lrs.append(float(opt.param_groups[0]["lr"]))
-                    labels = torch.as_tensor(labels, dtype=torch.long)
-                    n = int(labels.shape[0])
-                    rows = torch.tensor_split(torch.arange(n), size)[me]
-                    opt.zero_grad(set_to_none=True)
-                    part = 0.0
-                    if rows.numel():
-                        logits = adapter.logits(_rows(batch, n, rows))
-                        y = labels.index_select(0, rows).to(logits.device)
-                        loss = F.cross_entropy(logits.float(), y, reduction="sum") / n
-                        loss.backward()
-                        part = float(loss.detach())
-                    loss_value = _sync_gradients(params, part, group)
-                    if grad_clip is not None:
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-                    opt.step()
-                    sched.step()
-                    losses.append(loss_value)
-                    _report(bar, losses, steps, log_every)
-                    if len(losses) >= steps:
-                        break
-                if got == 0:
-                    raise ValueError(f"batches_fn(batch_size={batch_size}, seed=...) yielded no batch")
-                epoch += 1
-        finally:
-            model.eval()
-            bar.close()
+        _train_loop(model, batches_fn, step_loss, opt=opt, sched=sched, bar=bar, steps=steps, batch_size=batch_size,
+                    seed=seed, grad_clip=grad_clip, log_every=log_every, losses=losses, lrs=lrs)
     # identical steps keep the ranks identical; make it exact whatever the backend's reduction order
     dist.broadcast_tensors([p.data for p in model.parameters()] + list(model.buffers()), src=first, group=group)
     log.info("finetune (data parallel x%d): %d steps, loss %.4f -> %.4f", size, steps, losses[0], losses[-1])
