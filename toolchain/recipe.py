@@ -73,6 +73,9 @@ class FinetuneSection(_Strict):
     lr: float = Field(5e-5, gt=0, lt=1)
     batch_size: int = Field(32, ge=1)
     weight_decay: float = Field(0.01, ge=0)
+    group_by_length: bool = Field(
+        True, description="text: batches of similar token length (shuffled groups), far less padding; "
+        "also used by recovery fine-tuning")
 
 
 CRITERION = Literal["his", "taylor", "entropy", "hies", "l2", "random", "circuit"]

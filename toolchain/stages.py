@@ -129,7 +129,7 @@ def train_classifier(ctx: Context, seed: int, desc: str,
         ctx.console.print(f"  {desc}: {r.finetune.steps} steps, batch {r.finetune.batch_size}, lr {r.finetune.lr}")
         hist = finetune(
             model, adapter,
-            lambda bs, s: ctx.batches(ctx.data["train"], bs, tok, seed=s),
+            lambda bs, s: ctx.batches(ctx.data["train"], bs, tok, seed=s, group_by_length=r.finetune.group_by_length),
             steps=r.finetune.steps, lr=r.finetune.lr, batch_size=r.finetune.batch_size, seed=seed,
             weight_decay=r.finetune.weight_decay, progress=ctx.progress, process_group=process_group,
         )
@@ -151,8 +151,11 @@ def _reseeded_base(ctx: Context, seed: int) -> tuple[torch.nn.Module, ModelAdapt
 def predict(ctx: Context, adapter: ModelAdapter, split: str, tokenizer: Any, batch_size: int = 64) -> torch.Tensor:
     """Logits ``[N, C]`` of ``adapter``'s model on a split."""
     adapter.model.eval()
-    outs = [adapter.logits(b) for b, _ in ctx.batches(ctx.data[split], batch_size, tokenizer)]
-    return torch.cat(outs)
+    part = ctx.data[split]
+    order = ctx.length_order(part, tokenizer)  # short rows together: less padding, same logits
+    outs = [adapter.logits(b) for b, _ in ctx.batches(part if order is None else part.subset(order), batch_size,
+                                                      tokenizer)]
+    return torch.cat(outs) if order is None else torch.cat(outs)[torch.as_tensor(np.argsort(order))]
 
 
 def evaluate_accuracy(ctx: Context, adapter: ModelAdapter, split: str, tokenizer: Any) -> float:
@@ -253,6 +256,24 @@ def _criterion_params(ctx: Context, criterion: str, heads_per_layer: list[int]) 
     return out
 
 
+#: ``ood_val`` rows ``[0, OOD_CALIB_ROWS)`` are the ones scoring may see (the circuit ``ood_auroc``
+#: objective takes the first ``scoring.calib_samples`` of them); model selection's OOD metrics
+#: (the evaluate stage's ``selection.json``) use the rows after them, so the two never overlap
+#: while ``calib_samples <= 64`` (a larger value is warned about and recorded)
+OOD_CALIB_ROWS = 64
+
+
+def selection_ood_rows(n: int) -> tuple[int, int]:
+    """``(start, stop)``: the ``ood_val`` rows model selection uses (the same for every variant)."""
+    return min(OOD_CALIB_ROWS, n // 2), n
+
+
+def _circuit_sees_ood(ctx: Context) -> bool:
+    """Whether scoring runs the circuit search with the ``ood_auroc`` objective (OOD rows in calibration)."""
+    s = ctx.recipe.scoring
+    return s.criterion == "circuit" and s.objective == "ood_auroc"
+
+
 def calibration(ctx: Context, tokenizer: Any) -> list:
     """Calibration batches; with the ``ood_auroc`` objective OOD validation rows are mixed in (label -1)."""
     from toolchain.scoring.calibration import OOD_LABEL
@@ -262,10 +283,14 @@ def calibration(ctx: Context, tokenizer: Any) -> list:
     if len(part) > s.calib_samples:
         part = part.subset(list(range(s.calib_samples)))
     calib = list(ctx.batches(part, s.batch_size, tokenizer))
-    if s.criterion == "circuit" and s.objective == "ood_auroc":
+    if _circuit_sees_ood(ctx):
         if "ood_val" not in ctx.data:
             raise RecipeError("field 'scoring.objective': ood_auroc needs data.ood (an OOD validation split).")
         ood = ctx.data["ood_val"]
+        if s.calib_samples > selection_ood_rows(len(ood))[0]:
+            ctx.console.print(f"  [yellow]note[/yellow]: scoring.calib_samples {s.calib_samples} > "
+                              f"{selection_ood_rows(len(ood))[0]}: the circuit objective also sees ood_val rows "
+                              "that model selection uses (benchmarks/diversity)")
         ood = ood.subset(list(range(min(len(ood), s.calib_samples))))
         for batch, labels in ctx.batches(ood, s.batch_size, tokenizer):
             calib.append((batch, torch.full_like(labels, OOD_LABEL)))
@@ -321,12 +346,15 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
     )
     masks = torch.stack([mb.keep for mb in members])
     val_logits = []
+    val = ctx.data["val"]
+    order = ctx.length_order(val, tok)  # rows by length (less padding); the labels follow the same order
+    val = val if order is None else val.subset(order)
     with torch.no_grad():
         for mb in members:
-            outs = [adapter.gated_logits(b, mb.keep.float()) for b, _ in ctx.batches(ctx.data["val"], 64, tok)]
+            outs = [adapter.gated_logits(b, mb.keep.float()) for b, _ in ctx.batches(val, 64, tok)]
             val_logits.append(torch.cat(outs))
     stacked = torch.stack(val_logits)
-    labels = torch.as_tensor(ctx.data["val"].labels)
+    labels = torch.as_tensor(val.labels)
     diversity: dict[str, Any] = {
         "kept_heads": [int(m.sum()) for m in masks],
         "member_val_accuracy": [float((lg.argmax(-1) == labels).float().mean()) for lg in stacked],
@@ -359,6 +387,7 @@ def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch
     rec = ctx.recipe.pruning.recovery
     train = ctx.data["train"]
     jobs = dist.assign(len(masks))  # under torchrun: members spread over the ranks, rank 0 saves
+    grouped = ctx.recipe.finetune.group_by_length
     local: dict[int, Any] = {}
     for i in jobs.items:
         keep = masks[i]
@@ -375,7 +404,7 @@ def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch
             part = train.subset(idx)
         ctx.console.print(f"  recovery fine-tuning of member {i}: {rec.steps} steps (seed {seed}"
                           + (", bootstrap of the training split)" if rec.bootstrap else ")"))
-        finetune(pruned, pa, lambda bs, s, part=part: ctx.batches(part, bs, tok, seed=s),
+        finetune(pruned, pa, lambda bs, s, part=part: ctx.batches(part, bs, tok, seed=s, group_by_length=grouped),
                  steps=rec.steps, lr=rec.lr, batch_size=rec.batch_size, seed=seed, progress=ctx.progress,
                  process_group=jobs.group)
         if jobs.leads(i):
@@ -554,23 +583,30 @@ def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- evaluation
 @torch.no_grad()
-def _outputs(ctx: Context, module: torch.nn.Module, split: str, tok: Any, names: list[str],
+def _outputs(ctx: Context, module: torch.nn.Module, split: str | Any, tok: Any, names: list[str],
              batch_size: int = 64) -> dict[str, np.ndarray]:
-    """Run a dict-output module over a split; concatenate each output."""
+    """Run a dict-output module over a split (a name, or a data subset); concatenate each output."""
     module.eval()
     outs: dict[str, list] = {}
-    for batch, _ in ctx.batches(ctx.data[split], batch_size, tok):
+    part = ctx.data[split] if isinstance(split, str) else split
+    order = ctx.length_order(part, tok)  # short rows together: less padding, same outputs
+    for batch, _ in ctx.batches(part if order is None else part.subset(order), batch_size, tok):
         res = module(**{k: v for k, v in batch.items() if k in names})
         for k, v in res.items():
             outs.setdefault(k, []).append(v.float().numpy())
-    return {k: np.concatenate(v) for k, v in outs.items()}
+    back = slice(None) if order is None else np.argsort(order)
+    return {k: np.concatenate(v)[back] for k, v in outs.items()}
 
 
 def _hydra_variant_outputs(ctx: Context, splits: list[str], tok: Any, names: list[str]) -> dict[str, dict]:
     from toolchain.hydra.fuse import load_hydra
 
     hydra = load_hydra(ctx.stage_dir("fuse") / "hydra")
-    return {s: _outputs(ctx, hydra, s, tok, names) for s in splits}
+    out = {s: _outputs(ctx, hydra, s, tok, names) for s in splits if s != "ood_val"}
+    if "ood_val" in splits:  # only the rows model selection uses (see selection_ood_rows)
+        part = ctx.data["ood_val"]
+        out["ood_val"] = _outputs(ctx, hydra, part.subset(list(range(*selection_ood_rows(len(part))))), tok, names)
+    return out
 
 
 def _member_metrics(member_logits_id: np.ndarray, labels: np.ndarray,
@@ -600,14 +636,17 @@ def ensemble_diversity(member_logits_id: np.ndarray, labels: np.ndarray,
 
 
 @stage("evaluate", sections=("model", "data", "finetune", "scoring", "pruning", "fusion"),
-       upstream=("fuse", "ensemble"), summary="uncertainty metrics: single model, deep ensemble, Hydra (PyTorch)")
+       upstream=("fuse", "ensemble"), summary="uncertainty metrics: single model, deep ensemble, Hydra (PyTorch)",
+       version=2)
 def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """UQ metrics on the ID test split and the OOD test split, with plots and per-sample outputs.
 
     Also: the ensemble gain of Hydra and the deep ensemble (ensemble minus mean member, with
     paired-bootstrap 95% intervals), member diversity on the test split, and Hydra's metrics on the
-    validation splits (``val`` + ``ood_val``) that model selection may use. In a compare variant
-    (:class:`VariantContext`) only Hydra is evaluated.
+    validation splits that model selection may use (``selection.json``: ``val`` and the ``ood_val``
+    rows of :func:`selection_ood_rows`, which the circuit objective never sees; metrics and the
+    ensemble gain with its intervals). In a compare variant (:class:`VariantContext`) only Hydra is
+    evaluated.
     """
     from toolchain.metrics import ensemble_probs, reliability_bins, uq_report
     from toolchain.metrics.plots import plot_ood_histograms, plot_reliability
@@ -662,6 +701,8 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
                                                      seed=ctx.recipe.seed)
     selection: dict[str, Any] = {}
     if "val" in hyd:
+        from toolchain.metrics.gain import ensemble_gain
+
         val_labels = np.asarray(ctx.data["val"].labels)
         kw = {"probs_ood": hyd["ood_val"]["probs"]} if "ood_val" in hyd else {}
         if several:
@@ -669,6 +710,14 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
             if "ood_val" in hyd:
                 kw["member_logits_ood"] = hyd["ood_val"]["member_logits"]
         selection["hydra"] = uq_report(hyd["val"]["probs"], val_labels, **kw)
+        if "ood_val" in hyd:
+            start, stop = selection_ood_rows(len(ctx.data["ood_val"]))
+            seen = min(ctx.recipe.scoring.calib_samples, stop) if _circuit_sees_ood(ctx) else 0
+            selection["ood_val_rows"] = [start, stop]
+            selection["ood_val_rows_seen_by_scoring"] = max(0, seen - start)
+        if several:
+            selection["gain"] = ensemble_gain(hyd["val"]["member_logits"], val_labels,
+                                              hyd.get("ood_val", {}).get("member_logits"), seed=ctx.recipe.seed)
     atomic_write_json(work / "metrics.json", metrics)
     atomic_write_json(work / "diversity.json", diversity)
     atomic_write_json(work / "selection.json", selection)
@@ -776,8 +825,13 @@ def parity_inputs(ctx: Context, names: list[str], tok: Any) -> tuple[list, list,
     shapes = [(e.batch.min, e.sequence.min), (min(e.batch.opt, 8), min(e.sequence.opt, 64)),
               (2, min(e.sequence.max, 96))]
     generated = [np_feed(example_feed(ctx, b, s, seed=11 + i)) for i, (b, s) in enumerate(shapes)]
-    ident = [(np_feed(b), y.numpy()) for b, y in ctx.batches(ctx.data["test"], 64, tok)]
-    ood = [np_feed(b) for b, _ in ctx.batches(ctx.data["ood_test"], 64, tok)] if "ood_test" in ctx.data else []
+    def by_length(split: str) -> Any:  # rows by token length: less padding; the labels travel with them
+        part = ctx.data[split]
+        order = ctx.length_order(part, tok)
+        return part if order is None else part.subset(order)
+
+    ident = [(np_feed(b), y.numpy()) for b, y in ctx.batches(by_length("test"), 64, tok)]
+    ood = [np_feed(b) for b, _ in ctx.batches(by_length("ood_test"), 64, tok)] if "ood_test" in ctx.data else []
     return generated, ident, ood
 
 

@@ -39,17 +39,7 @@ FT = {"steps": 12, "lr": 5e-3, "batch_size": 8}
 
 def calib(tiny, sizes=BATCH_SIZES, seed=0, ood_every=0):
     """Labelled batches (label -1 on every ``ood_every``-th row when > 0)."""
-    out = []
-    for i, n in enumerate(sizes):
-        batch = tiny.make_batch(n, seed + i)
-        with torch.no_grad():
-            classes = tiny.adapter.logits(batch).shape[-1]
-        g = torch.Generator().manual_seed(100 + seed + i)
-        labels = torch.randint(0, classes, (n,), generator=g)
-        if ood_every:
-            labels[::ood_every] = -1
-        out.append((batch, labels))
-    return out
+    return tiny.labelled_batches(sizes, seed, ood_every)
 
 
 def task(n=40, seed=0):

@@ -58,9 +58,12 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _torchrun(jobs, entry: Path, recipe: Path, tmp: Path, **extra: str) -> subprocess.Popen:
+def _torchrun(jobs, entry: Path | tuple[str, ...], recipe: Path, tmp: Path, command: str = "score",
+              **extra: str) -> subprocess.Popen:
+    """2 ranks of ``entry`` (a script, or e.g. ``("-m", "toolchain")``) running ``command RECIPE``."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(jobs.free_port()), str(entry), "score", str(recipe)]
+           "--master-port", str(jobs.free_port()), *((str(entry),) if isinstance(entry, Path) else entry),
+           command, str(recipe)]
     return subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp, **extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
@@ -137,11 +140,7 @@ def test_two_ranks_train_the_ensemble_and_recover_members_like_one_process(jobs,
     multi.write_text(recipe.format(art=tmp_path / "art-multi"))
     ref = subprocess.Popen([sys.executable, "-m", "toolchain", "prune", str(single)], cwd=ROOT, env=_env(scratch),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(jobs.free_port()), "-m", "toolchain", "prune", str(multi)]
-    multi_run = subprocess.Popen(cmd, cwd=ROOT, env=_env(scratch), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True)
-    code, out = _finish(multi_run, timeout=600)
+    code, out = _finish(_torchrun(jobs, ("-m", "toolchain"), multi, scratch, command="prune"), timeout=600)
     ref_code, ref_out = _finish(ref, timeout=600)
     assert ref_code == 0, ref_out[-3000:]
     assert code == 0, out[-3000:]

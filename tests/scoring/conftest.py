@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from toolchain.models.tiny import TINY_MODELS
 
@@ -11,15 +10,8 @@ FAMILIES = sorted(TINY_MODELS)
 
 
 def _make_calib(tiny, sizes=(4, 3), seed=0):
-    """Labelled calibration batches: random labels over the model's classes, padded text batches."""
-    out = []
-    for i, n in enumerate(sizes):
-        batch = tiny.make_batch(n, seed + i)
-        with torch.no_grad():
-            classes = tiny.adapter.logits(batch).shape[-1]
-        g = torch.Generator().manual_seed(100 + seed + i)
-        out.append((batch, torch.randint(0, classes, (n,), generator=g)))
-    return out
+    """Labelled calibration batches: random labels over the model's classes (TinyModel.labelled_batches)."""
+    return tiny.labelled_batches(sizes, seed)
 
 
 @pytest.fixture(params=FAMILIES)

@@ -22,6 +22,23 @@ class TinyModel:
     adapter: ModelAdapter
     make_batch: Callable[..., dict[str, torch.Tensor]]
 
+    def labelled_batches(self, sizes: tuple[int, ...] = (4, 3), seed: int = 0,
+                         ood_every: int = 0) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        """Calibration-style ``(batch, labels)`` with seeded random labels over the model's classes.
+
+        Label -1 (OOD) on every ``ood_every``-th row when ``ood_every > 0``.
+        """
+        out = []
+        for i, n in enumerate(sizes):
+            batch = self.make_batch(n, seed + i)
+            with torch.no_grad():
+                classes = self.adapter.logits(batch).shape[-1]
+            labels = torch.randint(0, classes, (n,), generator=torch.Generator().manual_seed(100 + seed + i))
+            if ood_every:
+                labels[::ood_every] = -1
+            out.append((batch, labels))
+        return out
+
 
 def _text_batch(vocab: int, seq: int) -> Callable[..., dict[str, torch.Tensor]]:
     def make(batch_size: int = 4, seed: int = 0, pad: bool = True) -> dict[str, torch.Tensor]:

@@ -1,0 +1,54 @@
+"""The diversity benchmark's selection rule (validation data only), on hand-made validation numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("diversity_run", ROOT / "benchmarks" / "diversity" / "run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(acc: float, auroc: float, nll: float, gain_nll: tuple, gain_auroc: tuple) -> dict:
+    def g(lo_hi):
+        return {"gain": sum(lo_hi) / 2, "ci": list(lo_hi), "excludes_zero": lo_hi[0] > 0 or lo_hi[1] < 0}
+
+    return {"selection": {"hydra": {"accuracy": acc, "auroc_msp": auroc, "nll": nll},
+                          "gain": {"nll": g(gain_nll), "auroc_msp": g(gain_auroc)}}}
+
+
+def test_a_strategy_whose_diversity_pays_off_wins_over_a_more_accurate_one(bench):
+    rows = {
+        "accurate": _row(0.76, 0.62, 0.60, (0.005, 0.007), (-0.01, -0.002)),  # OOD gain below 0
+        "diverse": _row(0.70, 0.75, 0.70, (0.004, 0.006), (0.003, 0.015)),
+        "diverse-worse": _row(0.69, 0.80, 0.72, (0.004, 0.006), (0.001, 0.010)),  # > slack below "diverse"
+    }
+    name, why = bench.select(rows, slack=0.005)
+    assert name == "diverse"
+    assert "diverse, diverse-worse" in why and "accurate" not in why.split(":")[1]
+
+
+def test_without_a_qualified_strategy_accuracy_then_ood_auroc_decide(bench):
+    rows = {
+        "a": _row(0.760, 0.60, 0.60, (0.005, 0.007), (-0.01, 0.004)),  # interval includes 0
+        "b": _row(0.755, 0.64, 0.62, (0.005, 0.007), (-0.02, -0.01)),
+        "c": _row(0.700, 0.90, 0.70, (-0.001, 0.002), (0.01, 0.02)),  # NLL interval includes 0
+    }
+    name, why = bench.select(rows, slack=0.01)
+    assert name == "b"
+    assert "none, so every strategy stays in" in why
+
+
+def test_rows_without_validation_numbers_are_not_selectable(bench):
+    rows = {"old": {"selection": {}}, "new": _row(0.7, 0.7, 0.7, (0.001, 0.002), (0.001, 0.002))}
+    assert bench.select(rows, slack=0.01)[0] == "new"
+    assert not bench._pays_off({"gain": {"nll": {"ci": [0.001, 0.002]}}})  # no OOD gain: does not qualify
