@@ -49,18 +49,18 @@ STRATEGIES: dict[str, dict] = {
                               "pruning": {"strategy": "mixed-criteria", "criteria": ["his", "taylor", "hies"]}},
     "circuit-samples": {"scoring": {**CIRCUIT, "calib_samples": 64}, "pruning": {"strategy": "circuit-samples"}},
     "circuit-samples-32": {"scoring": {**CIRCUIT, "calib_samples": 32}, "pruning": {"strategy": "circuit-samples"}},
-}
-
-#: shown beside the strategies but not selectable: they train more (a recovery fine-tune per member)
-EXTRAS: dict[str, dict] = {
-    # the most diverse heads, then 100 steps per member (own seed, data order and bootstrap of the training split)
+    # recovery: 100 fine-tuning steps per pruned member (its own seed, data order and bootstrap of the training
+    # split) before fusion; 3 x 100 steps, half of what the deep ensemble's two extra members train
     "partition-core0-recovery": {"scoring": HIES, "pruning": {"strategy": "partition", "core": 0,
                                                               "recovery": {"steps": 100, "bootstrap": True}}},
-    # the OOD-aware circuits, then the same recovery: does fine-tuning win back the accuracy?
     "circuit-samples-recovery": {"scoring": {**CIRCUIT, "calib_samples": 64},
                                  "pruning": {"strategy": "circuit-samples",
                                              "recovery": {"steps": 100, "bootstrap": True}}},
 }
+
+#: shown beside the strategies but not selectable (none at present)
+EXTRAS: dict[str, dict] = {}
+
 
 METRICS = [("accuracy", "acc"), ("nll", "NLL"), ("ece", "ECE"), ("brier", "Brier"), ("auroc_msp", "AUROC MSP"),
            ("aupr_msp", "AUPR MSP"), ("fpr95_msp", "FPR95 MSP"), ("auroc_entropy", "AUROC ent"),

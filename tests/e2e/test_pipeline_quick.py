@@ -59,7 +59,14 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path):
     assert all(f"| hydra-{n} |" in report for n in ("hies", "taylor", "circuit"))
     compare = json.loads((art / "compare" / "compare.json").read_text())
     assert {k: v["criterion"] for k, v in compare.items()} == {"hies": "hies", "taylor": "taylor", "circuit": "circuit"}
-    assert json.loads((art / "prune" / "members.json").read_text())["criterion"] == "his+hies"  # mixed-criteria
+    members_json = json.loads((art / "prune" / "members.json").read_text())
+    assert (members_json["criterion"], members_json["strategy"]) == ("circuit", "circuit-samples")
+    assert all((art / "prune" / f"member{i}").is_dir() for i in range(2))  # recovery fine-tuned members
+    # validation numbers for model selection: ood_val rows the circuit objective never saw, gains with intervals
+    selection = json.loads((art / "evaluate" / "selection.json").read_text())
+    assert selection["ood_val_rows"] == [16, 32] and selection["ood_val_rows_seen_by_scoring"] == 0
+    assert {"nll", "auroc_msp"} <= set(selection["gain"])
+    assert selection["gain"]["nll"]["ci"][0] <= selection["gain"]["nll"]["gain"] <= selection["gain"]["nll"]["ci"][1]
     for name in compare:
         assert json.loads((art / "variants" / name / "prune" / "members.json").read_text())["criterion"] == name
     # ensemble gain with paired-bootstrap intervals, for Hydra and the deep ensemble
