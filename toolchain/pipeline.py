@@ -186,6 +186,14 @@ class Context:
         lengths = self.token_lengths(part, tokenizer)
         return None if lengths is None else np.argsort(lengths, kind="stable")
 
+    def in_length_order(self, part: Any, tokenizer: Any) -> tuple[Any, np.ndarray | None]:
+        """``(part sorted by token length, back)``: ``outputs[back]`` restores the split's order.
+
+        ``back`` is None where there is nothing to sort (images): the part is returned as is.
+        """
+        order = self.length_order(part, tokenizer)
+        return (part, None) if order is None else (part.subset(order), np.argsort(order))
+
     def encode(self, part: Any, tokenizer: Any = None) -> dict[str, torch.Tensor]:
         """Model inputs for a data split (text: tokenised to ``model.max_length``)."""
         from toolchain.data import encode

@@ -151,11 +151,9 @@ def _reseeded_base(ctx: Context, seed: int) -> tuple[torch.nn.Module, ModelAdapt
 def predict(ctx: Context, adapter: ModelAdapter, split: str, tokenizer: Any, batch_size: int = 64) -> torch.Tensor:
     """Logits ``[N, C]`` of ``adapter``'s model on a split."""
     adapter.model.eval()
-    part = ctx.data[split]
-    order = ctx.length_order(part, tokenizer)  # short rows together: less padding, same logits
-    outs = [adapter.logits(b) for b, _ in ctx.batches(part if order is None else part.subset(order), batch_size,
-                                                      tokenizer)]
-    return torch.cat(outs) if order is None else torch.cat(outs)[torch.as_tensor(np.argsort(order))]
+    part, back = ctx.in_length_order(ctx.data[split], tokenizer)  # short rows together: less padding
+    logits = torch.cat([adapter.logits(b) for b, _ in ctx.batches(part, batch_size, tokenizer)])
+    return logits if back is None else logits[torch.as_tensor(back)]
 
 
 def evaluate_accuracy(ctx: Context, adapter: ModelAdapter, split: str, tokenizer: Any) -> float:
@@ -346,9 +344,7 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
     )
     masks = torch.stack([mb.keep for mb in members])
     val_logits = []
-    val = ctx.data["val"]
-    order = ctx.length_order(val, tok)  # rows by length (less padding); the labels follow the same order
-    val = val if order is None else val.subset(order)
+    val, _back = ctx.in_length_order(ctx.data["val"], tok)  # less padding; the labels follow the same order
     with torch.no_grad():
         for mb in members:
             outs = [adapter.gated_logits(b, mb.keep.float()) for b, _ in ctx.batches(val, 64, tok)]
@@ -588,14 +584,12 @@ def _outputs(ctx: Context, module: torch.nn.Module, split: str | Any, tok: Any, 
     """Run a dict-output module over a split (a name, or a data subset); concatenate each output."""
     module.eval()
     outs: dict[str, list] = {}
-    part = ctx.data[split] if isinstance(split, str) else split
-    order = ctx.length_order(part, tok)  # short rows together: less padding, same outputs
-    for batch, _ in ctx.batches(part if order is None else part.subset(order), batch_size, tok):
+    part, back = ctx.in_length_order(ctx.data[split] if isinstance(split, str) else split, tok)  # less padding
+    for batch, _ in ctx.batches(part, batch_size, tok):
         res = module(**{k: v for k, v in batch.items() if k in names})
         for k, v in res.items():
             outs.setdefault(k, []).append(v.float().numpy())
-    back = slice(None) if order is None else np.argsort(order)
-    return {k: np.concatenate(v)[back] for k, v in outs.items()}
+    return {k: np.concatenate(v)[slice(None) if back is None else back] for k, v in outs.items()}
 
 
 def _hydra_variant_outputs(ctx: Context, splits: list[str], tok: Any, names: list[str]) -> dict[str, dict]:
@@ -826,9 +820,7 @@ def parity_inputs(ctx: Context, names: list[str], tok: Any) -> tuple[list, list,
               (2, min(e.sequence.max, 96))]
     generated = [np_feed(example_feed(ctx, b, s, seed=11 + i)) for i, (b, s) in enumerate(shapes)]
     def by_length(split: str) -> Any:  # rows by token length: less padding; the labels travel with them
-        part = ctx.data[split]
-        order = ctx.length_order(part, tok)
-        return part if order is None else part.subset(order)
+        return ctx.in_length_order(ctx.data[split], tok)[0]
 
     ident = [(np_feed(b), y.numpy()) for b, y in ctx.batches(by_length("test"), 64, tok)]
     ood = [np_feed(b) for b, _ in ctx.batches(by_length("ood_test"), 64, tok)] if "ood_test" in ctx.data else []
