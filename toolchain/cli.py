@@ -9,7 +9,6 @@ rerun with ``--debug`` and report the traceback); 130 interrupted (completed sta
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -19,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from toolchain import interrupts
 from toolchain.errors import ToolchainError
 
 app = typer.Typer(
@@ -324,14 +324,10 @@ def _print_summary(ctx) -> None:
     console.print(f"parity: {groups}; report: {ctx.stage_dir('report') / 'report.html'}")
 
 
-def _on_sigterm(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: run the app, map errors to one-paragraph messages and exit codes."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    interrupts.install()  # SIGTERM: stop at the next safe point (toolchain/interrupts.py)
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     try:

@@ -57,6 +57,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from toolchain import interrupts
 from toolchain.errors import ToolchainError
 
 __all__ = [
@@ -847,5 +848,6 @@ def _poll(store: Any, what: str, ready: Callable[[], bool], limit_s: float | Non
             raise _remote_from(info, f"in {what}")
         if limit_s is not None and time.monotonic() - start > limit_s:
             return False
+        interrupts.check()  # a graceful SIGTERM stops a rank waiting here
         time.sleep(delay)
         delay = min(delay * 2, 0.05)

@@ -33,6 +33,7 @@ import torch
 from rich.console import Console
 
 from toolchain import distributed as dist
+from toolchain import interrupts
 from toolchain.artifacts import StageDir, locked, read_manifest, scratch_folder
 from toolchain.errors import DataError, RecipeError, ToolchainError
 from toolchain.recipe import Recipe
@@ -166,6 +167,7 @@ class Context:
                     chunks += [group[i : i + batch_size] for i in range(0, len(group), batch_size)]
                 order = np.concatenate([chunks[i] for i in rng.permutation(len(chunks))])
         for start in range(0, len(part), batch_size):
+            interrupts.check()  # a graceful SIGTERM stops between batches
             sub = part.subset(order[start : start + batch_size])
             yield self.encode(sub, tokenizer), torch.as_tensor(sub.labels, dtype=torch.long)
 
@@ -241,6 +243,7 @@ def _quiet_unless_main(ctx: Context):
 
 
 def _run_stage(ctx: Context, name: str) -> str:
+    interrupts.check()
     st = STAGES[name]
     sd = StageDir(ctx.root, name, ctx.key(name))
     main = dist.is_main()

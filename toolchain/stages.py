@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from rich.table import Table
 
+from toolchain import interrupts
 from toolchain.artifacts import atomic_write_json
 from toolchain.errors import RecipeError
 from toolchain.models import ModelAdapter, adapter_for, load_model
@@ -520,6 +521,7 @@ def export_one(ctx: Context, module: torch.nn.Module, outputs: list[str], path: 
     from toolchain.export.lint import lint_tensorrt
     from toolchain.export.onnx_export import check_dynamic, export_onnx
 
+    interrupts.check()  # a graceful SIGTERM stops between graphs, not inside the ONNX exporter
     e = ctx.recipe.export
     feed = example_feed(ctx, 2, min(e.sequence.opt, 32))
     names = [n for n in getattr(module, "input_names", feed) if n in feed]
@@ -564,6 +566,7 @@ def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
     for base in [f"hydra-{low}" for low in e.lowerings] + ["single", *members]:
         for prec in [p for p in e.precisions if p != "fp32"]:
             name = f"{base}.{prec}"
+            interrupts.check()
             res = write_precision_variant(work / f"{base}.onnx", work / f"{name}.onnx", prec)
             keep = {k: v for k, v in graphs[base].items() if k in ("kind", "lowering", "outputs", "inputs")}
             graphs[name] = {**keep, "precision": prec, "path": f"{name}.onnx", "precision_report": res.report()}

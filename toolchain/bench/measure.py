@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from toolchain import interrupts
 from toolchain.engines.base import Runner
 
 log = logging.getLogger(__name__)
@@ -273,6 +274,7 @@ def measure(
             gc.disable()
             try:
                 for r in range(case_rounds):
+                    interrupts.check()  # a graceful SIGTERM stops between rounds
                     for v in variants:
                         if on_call is not None:
                             on_call(v.name, r)

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolchain import distributed as dist
+from toolchain import interrupts
 from toolchain.scoring._checks import check_float, check_int
 
 __all__ = ["BatchesFn", "epoch_seed", "finetune"]
@@ -156,6 +157,7 @@ def _train_loop(model: nn.Module, batches_fn: BatchesFn, step_loss: Callable[[An
         while len(losses) < steps:
             got = 0
             for batch, labels in batches_fn(batch_size, epoch_seed(seed, epoch)):
+                interrupts.check()  # a graceful SIGTERM stops between steps
                 got += 1
                 lrs.append(float(opt.param_groups[0]["lr"]))
                 loss_value = step_loss(batch, labels)
