@@ -52,3 +52,16 @@ def test_rows_without_validation_numbers_are_not_selectable(bench):
     rows = {"old": {"selection": {}}, "new": _row(0.7, 0.7, 0.7, (0.001, 0.002), (0.001, 0.002))}
     assert bench.select(rows, slack=0.01)[0] == "new"
     assert not bench._pays_off({"gain": {"nll": {"ci": [0.001, 0.002]}}})  # no OOD gain: does not qualify
+
+
+def test_every_strategy_spells_out_its_scoring_and_recovery(bench):
+    """The table must not move with the default recipe's own choices (criterion, recovery steps)."""
+    from toolchain.recipe import CompareEntry, load_recipe
+
+    recipe = load_recipe(ROOT / "recipes" / "minilm-tweets.yaml")
+    for name, over in bench.STRATEGIES.items():
+        assert "criterion" in over["scoring"], name
+        steps = over["pruning"]["recovery"]["steps"]
+        assert steps == (100 if name.endswith("-recovery") else 0), name
+        variant = recipe.variant(CompareEntry(name=name, **over))
+        assert variant.pruning.recovery.steps == steps and variant.scoring.criterion == over["scoring"]["criterion"]
