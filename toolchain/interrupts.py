@@ -7,9 +7,9 @@ interpreter shutdown, or segfault; the CI saw exit -11 and local runs -6 and -2 
 landed at the start of the export stage. So the first SIGTERM only records the request, and the
 run stops at the next **safe point** (:func:`check`): between fine-tuning steps and batches, between
 stages, between exported graphs, between benchmark rounds. If none comes within
-:data:`GRACE_S` seconds (a long C++ call), or a second SIGTERM arrives, the handler raises at once
-(the old behaviour). Either way the stage's ``except BaseException`` cleanup runs, the half-built
-stage folder is removed, and the CLI exits 130.
+:data:`GRACE_S` seconds (``install(grace_s=...)``; a long C++ call), or a second SIGTERM arrives,
+the handler raises at once (the old behaviour). Either way the stage's ``except BaseException``
+cleanup runs, the half-built stage folder is removed, and the CLI exits 130.
 
 SIGINT (Ctrl-C) keeps Python's default; ``toolchain.distributed`` relies on
 ``_thread.interrupt_main()`` raising at once.
@@ -28,23 +28,22 @@ GRACE_S = 10.0
 
 _requested: int | None = None
 _timer: threading.Timer | None = None
+_grace_s = GRACE_S
 
 
-def install(grace_s: float | None = None) -> None:
+def install(grace_s: float = GRACE_S) -> None:
     """Handle SIGTERM with a graceful stop (main thread only; the CLI calls it)."""
-    global GRACE_S
-    if grace_s is not None:
-        GRACE_S = float(grace_s)
+    global _grace_s
+    _grace_s = float(grace_s)
     reset()
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def reset() -> None:
     """Forget a recorded request and cancel its deadline (tests; a new run in the same process)."""
-    global _requested, _timer
-    if _timer is not None:
-        _timer.cancel()
-    _requested, _timer = None, None
+    global _requested
+    _cancel_deadline()
+    _requested = None
 
 
 def requested() -> bool:
@@ -76,8 +75,8 @@ def _on_sigterm(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
     _requested = signum
     # os.write, not print: the handler may run in the middle of a buffered write to stderr
-    os.write(2, f"\nSIGTERM: stopping at the next safe point (at most {GRACE_S:g} s); send it again to stop "
+    os.write(2, f"\nSIGTERM: stopping at the next safe point (at most {_grace_s:g} s); send it again to stop "
                 f"now\n".encode())
-    _timer = threading.Timer(GRACE_S, _thread.interrupt_main, args=(signal.SIGTERM,))
+    _timer = threading.Timer(_grace_s, _thread.interrupt_main, args=(signal.SIGTERM,))
     _timer.daemon = True
     _timer.start()
