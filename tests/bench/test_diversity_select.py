@@ -65,3 +65,16 @@ def test_every_strategy_spells_out_its_scoring_and_recovery(bench):
         assert steps == (100 if name.endswith("-recovery") else 0), name
         variant = recipe.variant(CompareEntry(name=name, **over))
         assert variant.pruning.recovery.steps == steps and variant.scoring.criterion == over["scoring"]["criterion"]
+
+
+def test_the_default_recipe_builds_the_strategy_the_benchmark_selected(bench):
+    """The committed results name the selected strategy; the default recipe's Hydra must be exactly it."""
+    import json
+
+    from toolchain.recipe import CompareEntry, load_recipe
+
+    selected = json.loads((ROOT / "benchmarks" / "diversity" / "results.json").read_text())["selected"]
+    recipe = load_recipe(ROOT / "recipes" / "minilm-tweets.yaml")
+    variant = recipe.variant(CompareEntry(name=selected, **bench.STRATEGIES[selected]))
+    for section in ("model", "data", "finetune", "scoring", "pruning"):
+        assert variant.digest(section) == recipe.digest(section), (selected, section)
