@@ -16,7 +16,7 @@ from toolchain import interrupts
 from toolchain.artifacts import atomic_write_json
 from toolchain.errors import RecipeError
 from toolchain.models import ModelAdapter, adapter_for, load_model
-from toolchain.pipeline import Context, set_seed, stage
+from toolchain.pipeline import Context, set_seed, stage, stage_manifest
 
 
 # ---------------------------------------------------------------------------- models
@@ -606,6 +606,16 @@ def _hydra_variant_outputs(ctx: Context, splits: list[str], tok: Any, names: lis
     return out
 
 
+def _same_model(ctx: Context, a: tuple[str, str], b: tuple[str, str]) -> bool:
+    """Whether two stage folders hold the same files (by the stages' manifests' sha256): ``(stage, folder)``."""
+    def files(stage_name: str, folder: str) -> dict[str, str]:
+        listed = stage_manifest(ctx, stage_name).get("files", {})
+        return {k.removeprefix(folder + "/"): v for k, v in listed.items() if k.startswith(folder + "/")}
+
+    fa = files(*a)
+    return bool(fa) and fa == files(*b)
+
+
 def _member_metrics(member_logits_id: np.ndarray, labels: np.ndarray,
                     member_logits_ood: np.ndarray | None) -> list[dict[str, float]]:
     """``uq_report`` of every member on its own."""
@@ -660,6 +670,9 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
         single = {s: _outputs(ctx, SingleModel(base), s, tok, names) for s in splits}
         members = []
         for i in range(ctx.recipe.pruning.members):
+            if i == 0 and _same_model(ctx, ("finetune", "model"), ("ensemble", "member0")):
+                members.append({s: single[s]["logits"] for s in splits})  # member 0 is the single model
+                continue
             _m, a, _t = load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")
             members.append({s: _outputs(ctx, SingleModel(a), s, tok, names)["logits"] for s in splits})
         variants["single"] = {"probs_id": single["test"]["probs"], "probs_ood": single.get("ood_test", {}).get("probs")}
