@@ -113,18 +113,40 @@ class Context:
     @cached_property
     def data(self) -> dict[str, Any]:
         """Deterministic splits: train/val/calib/test (ID) and ood_val/ood_test (OOD)."""
-        from toolchain.data import load_dataset, make_splits
-
         r = self.recipe
-        ident = load_dataset(r.data.id, **self._dataset_kwargs(r.data.id))
-        splits = make_splits(ident, _split_sizes(r.data.splits), seed=r.seed)
+        _ident, splits = self.carve("id")
         for name, part in splits.items():
             if len(part) == 0:
                 raise DataError(f"split '{name}' of data set '{r.data.id}' is empty (data.splits.{name}).")
         if r.data.ood:
-            ood = load_dataset(r.data.ood, **self._dataset_kwargs(r.data.ood, ood=True))
-            splits.update(make_splits(ood, _split_sizes(r.data.ood_splits), seed=r.seed + 1, class_checked=()))
+            splits.update(self.carve("ood")[1])
         return splits
+
+    def carve(self, which: str, more: dict[str, int | None] | None = None) -> tuple[Any, dict[str, Any]]:
+        """``(data set, splits)`` of the recipe's ``"id"`` or ``"ood"`` data, with the recipe's sizes and seed.
+
+        ``more`` carves further splits after the recipe's, from the rows they leave (at most the
+        given count; None: every row left). The recipe's splits come out unchanged: the splitter
+        carves in order from one seeded ordering (:func:`toolchain.data.split_indices`).
+        """
+        from toolchain.data import load_dataset, make_splits
+        from toolchain.data.splits import _resolve_sizes
+
+        r = self.recipe
+        ood = which == "ood"
+        name, sizes = (r.data.ood, r.data.ood_splits) if ood else (r.data.id, r.data.splits)
+        data = load_dataset(name, **self._dataset_kwargs(name, ood=ood))
+        sizes = _split_sizes(sizes)
+        if more:
+            left = len(data) - sum(_resolve_sizes(sizes, len(data), data.name).values())
+            for split, most in more.items():
+                count = left if most is None else min(most, left)
+                if count < 1:
+                    raise DataError(f"data set '{name}': no rows left for split '{split}' after the recipe's splits")
+                sizes[split] = count
+                left -= count
+        checks = {"class_checked": ()} if ood else {}  # OOD labels are not used
+        return data, make_splits(data, sizes, seed=r.seed + 1 if ood else r.seed, **checks)
 
     @cached_property
     def _data_sources(self) -> tuple[str | None, ...]:

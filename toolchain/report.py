@@ -60,6 +60,14 @@ GAIN_KEYS = [("nll", "NLL"), ("ece", "ECE"), ("brier", "Brier"), ("accuracy", "a
              ("auroc_mi", "AUROC (MI) vs member MSP")]
 
 
+def gain_cell(g: dict[str, Any] | None) -> str:
+    """``+0.0123* [+0.0100, +0.0150]``: a gain, ``*`` when its interval excludes 0; ``-`` when absent or NaN."""
+    if not g or g.get("gain") != g.get("gain"):
+        return "-"
+    star = "*" if g.get("excludes_zero") else ""
+    return f"{g['gain']:+.4f}{star} [{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]"
+
+
 def gain_table(diversity: dict[str, dict[str, Any]]) -> str:
     """Ensemble gain with its paired-bootstrap 95% interval; ``*`` marks intervals that exclude 0."""
     rows = [(name, d) for name, d in diversity.items() if d and "gain" in d]
@@ -68,14 +76,7 @@ def gain_table(diversity: dict[str, dict[str, Any]]) -> str:
     lines = ["| ensemble | " + " | ".join(c for _, c in GAIN_KEYS)
              + " | Jaccard | disagreement | KL |", "|---|" + "---:|" * (len(GAIN_KEYS) + 3)]
     for name, d in rows:
-        cells = []
-        for key, _ in GAIN_KEYS:
-            g = d["gain"].get(key)
-            if g is None or g.get("gain") != g.get("gain"):
-                cells.append("-")
-                continue
-            star = "*" if g.get("excludes_zero") else ""
-            cells.append(f"{g['gain']:+.4f}{star} [{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]")
+        cells = [gain_cell(d["gain"].get(key)) for key, _ in GAIN_KEYS]
         jac = d.get("jaccard")
         dis = d.get("disagreement", {}).get("mean")
         kl = d.get("kl", {}).get("mean")

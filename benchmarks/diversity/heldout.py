@@ -63,34 +63,25 @@ def _fresh_rows(part: Any, taken: set[str]) -> tuple[list[int], int]:
 def heldout_splits(ctx: Any, id_rows: int) -> tuple[Any, Any, dict[str, Any]]:
     """``(id_part, ood_part, info)``: rows no recipe split uses, deduplicated against every split.
 
-    The rows are the recipe splitter's next split (same seed, same order), so the recipe's splits
-    are reproduced exactly; a mismatch raises ``RuntimeError``.
+    The rows are the recipe splitter's next split (:meth:`toolchain.pipeline.Context.carve`), so
+    the recipe's splits are reproduced exactly; a mismatch raises ``RuntimeError``.
     """
-    from toolchain.data import load_dataset, make_splits
-    from toolchain.pipeline import _split_sizes
-
     r = ctx.recipe
     if not r.data.ood:
         raise SystemExit(f"recipe {r.name}: no data.ood, so there is no OOD gain to measure")
     parts, info = [], {}
-    for name, splits, sizes, seed, extra, limit in [
-        (r.data.id, ID_SPLITS, r.data.splits, r.seed, "heldout", id_rows),
-        (r.data.ood, OOD_SPLITS, r.data.ood_splits, r.seed + 1, "ood_heldout", None),
-    ]:
-        data = load_dataset(name, **ctx._dataset_kwargs(name, ood=extra == "ood_heldout"))
+    for which, splits, extra, limit in [("id", ID_SPLITS, "heldout", id_rows),
+                                        ("ood", OOD_SPLITS, "ood_heldout", None)]:
+        data, again = ctx.carve(which, {extra: limit})
         own = [s for s in splits if s in ctx.data]
-        left = len(data) - sum(len(ctx.data[s]) for s in own)
-        count = left if limit is None else min(limit, left)
-        if count < 1:
-            raise SystemExit(f"data set '{name}': no rows are left after the recipe's splits")
-        again = make_splits(data, {**_split_sizes(sizes), extra: count}, seed=seed, class_checked=())
         for s in own:
             if list(again[s].texts) != list(ctx.data[s].texts):
-                raise RuntimeError(f"split '{s}' of '{name}' did not come out as the recipe's: not the same splitter")
+                raise RuntimeError(f"split '{s}' of '{data.name}' did not come out as the recipe's")
         taken = {t for s in own for t in ctx.data[s].texts}
         keep, dropped = _fresh_rows(again[extra], taken)
         parts.append(again[extra].subset(keep))
-        info[extra] = {"data": name, "rows": len(keep), "dropped_duplicates": dropped, "left_after_splits": left}
+        info[extra] = {"data": data.name, "rows": len(keep), "dropped_duplicates": dropped,
+                       "left_after_splits": len(data) - sum(len(ctx.data[s]) for s in own)}
     return parts[0], parts[1], info
 
 
@@ -111,13 +102,6 @@ def _cell(v: float | None) -> str:
     return "-" if v is None or v != v else f"{v:.4f}"
 
 
-def _gain_cell(g: dict | None) -> str:
-    if not g:
-        return "-"
-    star = "*" if g["excludes_zero"] else ""
-    return f"{g['gain']:+.4f}{star} [{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import numpy as np
@@ -129,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     from toolchain.models.wrappers import SingleModel
     from toolchain.pipeline import Context
     from toolchain.recipe import load_recipe
+    from toolchain.report import gain_cell
     from toolchain.stages import _outputs, ensemble_diversity, load_stage_model, read_json
 
     console = Console(stderr=True)
@@ -192,10 +177,10 @@ def main(argv: list[str] | None = None) -> int:
               "|---|---|---:|" + "---:|" * len(GAIN_KEYS)]
     for n in diversity:
         lines.append(f"| {n} | held-out | {result['disagreement'][n]:.3f} | "
-                     + " | ".join(_gain_cell(result["gain"][n].get(k)) for k, _ in GAIN_KEYS) + " |")
+                     + " | ".join(gain_cell(result["gain"][n].get(k)) for k, _ in GAIN_KEYS) + " |")
         if n in on_test:
             lines.append(f"| {n} | recipe test split | {on_test[n]['disagreement']['mean']:.3f} | "
-                         + " | ".join(_gain_cell(on_test[n]["gain"].get(k)) for k, _ in GAIN_KEYS) + " |")
+                         + " | ".join(gain_cell(on_test[n]["gain"].get(k)) for k, _ in GAIN_KEYS) + " |")
     lines += ["", f"Command: `python benchmarks/diversity/heldout.py` ({seconds:.0f} s on {platform.node() or 'this'}"
               f" machine, {os.cpu_count()} CPUs).", ""]
     atomic_write_text(out / "results-heldout.md", "\n".join(lines))

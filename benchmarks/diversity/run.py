@@ -88,13 +88,6 @@ def _cell(v: float | None, fmt: str = ".4f") -> str:
     return "-" if v is None or v != v else format(v, fmt)
 
 
-def _gain_cell(g: dict | None) -> str:
-    if not g or g.get("gain") != g.get("gain"):
-        return "-"
-    star = "*" if g.get("excludes_zero") else ""
-    return f"{g['gain']:+.4f}{star} [{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]"
-
-
 def _pays_off(sel: dict) -> bool:
     """Validation ensemble gain on NLL and on OOD AUROC (MSP) positive, both 95% intervals above 0."""
     g = sel.get("gain") or {}
@@ -160,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     from toolchain.artifacts import atomic_write_json, atomic_write_text
     from toolchain.pipeline import Context, run_pipeline
     from toolchain.recipe import CompareEntry, load_recipe
+    from toolchain.report import gain_cell
     from toolchain.stages import VARIANT_STAGES, VariantContext, read_json
 
     console = Console(stderr=True)
@@ -208,13 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("| deep ensemble (equal budget) | - | " + _cell(de_gain.get("disagreement", {}).get("mean"), ".3f")
                  + " | " + _cell(de_gain.get("kl", {}).get("mean")) + " | "
                  + " | ".join(_cell(base["deep-ensemble"].get(k)) for k, _ in METRICS) + " | "
-                 + " | ".join(_gain_cell(de_gain.get("gain", {}).get(k)) for k, _ in GAINS)
+                 + " | ".join(gain_cell(de_gain.get("gain", {}).get(k)) for k, _ in GAINS)
                  + f" | {fuse['weight_bytes']['deep_ensemble'] / 1e6:.1f} |")
     for name, r in rows.items():
         mark = " (selected)" if name == chosen else "" if r["selectable"] else " (extra training, not selectable)"
         lines.append(f"| {name}{mark} | {_cell(r['jaccard'], '.3f')} | {_cell(r['disagreement'], '.3f')} | "
                      f"{_cell(r['kl'])} | " + " | ".join(_cell(r["metrics"].get(k)) for k, _ in METRICS) + " | "
-                     + " | ".join(_gain_cell(r["gain"].get(k)) for k, _ in GAINS)
+                     + " | ".join(gain_cell(r["gain"].get(k)) for k, _ in GAINS)
                      + f" | {r['size']['weight_bytes']['hydra'] / 1e6:.1f} |")
     vlines = ["| strategy | val acc | val NLL | val AUROC MSP | val gain NLL | val gain AUROC MSP | qualifies |",
               "|---|---:|---:|---:|---:|---:|---|"]
@@ -222,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         sel = r.get("selection") or {}
         h, g = sel.get("hydra") or {}, sel.get("gain") or {}
         vlines.append(f"| {name} | {_cell(h.get('accuracy'))} | {_cell(h.get('nll'))} | {_cell(h.get('auroc_msp'))} | "
-                      f"{_gain_cell(g.get('nll'))} | {_gain_cell(g.get('auroc_msp'))} | "
+                      f"{gain_cell(g.get('nll'))} | {gain_cell(g.get('auroc_msp'))} | "
                       f"{'yes' if _pays_off(sel) else 'no'}{'' if r['selectable'] else ' (not selectable)'} |")
     rows_seen = {n: r["selection"].get("ood_val_rows_seen_by_scoring", 0) for n, r in rows.items()
                  if r.get("selection")}

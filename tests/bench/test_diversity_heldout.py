@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,23 +15,15 @@ from toolchain.recipe import load_recipe
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def heldout():
-    spec = importlib.util.spec_from_file_location("diversity_heldout", ROOT / "benchmarks" / "diversity" / "heldout.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_fresh_rows_drops_texts_of_other_splits_and_repeats(heldout):
+def test_fresh_rows_drops_texts_of_other_splits_and_repeats(diversity_heldout):
     part = TextData(["a", "b", "a", "c", "d", "c"], np.array([0, 1, 0, 1, 0, 1]), ["x", "y"], "t")
-    keep, dropped = heldout._fresh_rows(part, {"d"})
+    keep, dropped = diversity_heldout._fresh_rows(part, {"d"})
     assert keep == [0, 1, 3] and dropped == 3
 
 
-def test_heldout_rows_are_new_and_the_recipe_splits_unchanged(heldout):
+def test_heldout_rows_are_new_and_the_recipe_splits_unchanged(diversity_heldout):
     ctx = Context(load_recipe(ROOT / "recipes" / "minilm-tweets.yaml", profile="quick"))
-    id_part, ood_part, info = heldout.heldout_splits(ctx, id_rows=500)
+    id_part, ood_part, info = diversity_heldout.heldout_splits(ctx, id_rows=500)
     assert 450 <= len(id_part) <= 500 and info["heldout"]["rows"] == len(id_part)
     used_id = {t for s in ("train", "val", "calib", "test") for t in ctx.data[s].texts}
     used_ood = {t for s in ("ood_val", "ood_test") for t in ctx.data[s].texts}
@@ -42,11 +33,11 @@ def test_heldout_rows_are_new_and_the_recipe_splits_unchanged(heldout):
     left = info["ood_heldout"]["left_after_splits"]
     assert left == 2225 - 32 - 64 and len(ood_part) == left - info["ood_heldout"]["dropped_duplicates"] > 2000
     # the same rows on a second call (seeded)
-    again, _, _ = heldout.heldout_splits(ctx, id_rows=500)
+    again, _, _ = diversity_heldout.heldout_splits(ctx, id_rows=500)
     assert again.texts == id_part.texts
 
 
-def test_stage_folder_finds_a_variant_with_the_recipes_key_and_nothing_else(heldout, tmp_path):
+def test_stage_folder_finds_a_variant_with_the_recipes_key_and_nothing_else(diversity_heldout, tmp_path):
     recipe = load_recipe(ROOT / "recipes" / "minilm-tweets.yaml", profile="quick").model_copy(
         update={"artifacts_dir": str(tmp_path)})
     ctx = Context(recipe)
@@ -56,6 +47,6 @@ def test_stage_folder_finds_a_variant_with_the_recipes_key_and_nothing_else(held
     for folder, key in [(own, "stale"), (other, "0123"), (same, ctx.key("fuse"))]:
         folder.mkdir(parents=True)
         (folder / "manifest.json").write_text(json.dumps({"key": key}))
-    assert heldout.stage_folder(ctx, "fuse") == same
+    assert diversity_heldout.stage_folder(ctx, "fuse") == same
     with pytest.raises(SystemExit, match="no 'prune' stage with key"):
-        heldout.stage_folder(ctx, "prune")
+        diversity_heldout.stage_folder(ctx, "prune")
