@@ -138,3 +138,47 @@ def test_engine_from_another_machine_is_refused(trt_gpu, tmp_path, scorer_onnx):
     sidecar_path(engine).write_text(json.dumps(data))
     with pytest.raises(EngineError, match=r"TensorRT 0\.0\.0 built it"):
         make_runner("tensorrt", engine_path=engine).activate()
+
+
+def _nonzero_onnx(path):
+    """x [batch, 6] float32 -> y = relu(x), idx = NonZero(x) (int64 [2, N]: a data-dependent shape)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu"),
+             helper.make_node("NonZero", ["x"], ["idx"], name="nz")]
+    graph = helper.make_graph(nodes, "nonzero", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 6]),
+                               helper.make_tensor_value_info("idx", TensorProto.INT64, [2, "n"])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+def test_engine_with_a_data_dependent_output(trt_gpu, tmp_path):
+    source = _nonzero_onnx(tmp_path / "nonzero.onnx")
+    engine = build_engine(source, tmp_path / "nz.engine", profile={"x": ((1, 6), (4, 6), (8, 6))}, workspace_gb=1.0)
+    rng = np.random.default_rng(0)
+    with make_runner("tensorrt", engine_path=engine) as trt:
+        for batch in (1, 5, 8):
+            x = (rng.standard_normal((batch, 6)) * (rng.random((batch, 6)) > 0.5)).astype(np.float32)
+            out = trt.infer({"x": x})
+            np.testing.assert_array_equal(out["idx"], np.stack(np.nonzero(x)))
+            np.testing.assert_array_equal(out["y"], np.maximum(x, 0))
+        empty = trt.infer({"x": np.zeros((2, 6), np.float32)})
+        assert empty["idx"].shape == (2, 0)
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+def test_foreign_timing_cache_is_replaced(trt_gpu, tmp_path, scorer_onnx, caplog):
+    cache = tmp_path / "timing.cache"
+    foreign = b"\x00not a timing cache of this TensorRT\x01" * 16
+    cache.write_bytes(foreign)
+    with caplog.at_level("WARNING", logger="toolchain.engines.tensorrt.builder"):
+        engine = build_engine(scorer_onnx, tmp_path / "m.engine", profile=PROFILE, timing_cache=cache, workspace_gb=1.0)
+    assert engine.is_file() and "timing cache" in caplog.text
+    data = cache.read_bytes()
+    assert data and data != foreign
+    build_engine(scorer_onnx, tmp_path / "m2.engine", profile=PROFILE, timing_cache=cache, workspace_gb=1.0)

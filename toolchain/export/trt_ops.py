@@ -1,13 +1,15 @@
-"""The ONNX-TensorRT parser's operator support, as data, for :mod:`toolchain.export.lint`.
+"""The ONNX-TensorRT parser's operator support and its version-gated rules, as data.
 
-Source: ``docs/operators.md`` of github.com/onnx/onnx-tensorrt, the TensorRT 10.15 GA version
-("TensorRT 10.15 supports operators in the inclusive range of opset 9 to opset 24"), one line per
-operator: ``Op: supported types | restriction``. Operators its table marks ``N`` are in
-:data:`UNSUPPORTED`. TensorRT 11.x: NVIDIA's *ONNX Opset Guide* gives opset 9..25 and points to
-the same operators.md; the 11.0 release notes add ``Swish``. Operators new in a minor release
-are in :data:`MIN_VERSION` (from the onnx-tensorrt Changelog: ``Attention`` 10.14;
-``RotaryEmbedding``, ``RMSNormalization``, ``TensorScatter`` 10.15). TensorRT 10.0 parsed opset
-9..20 only. Update this file from operators.md when a TensorRT release is adopted.
+Operator rows come from ``docs/operators.md`` of github.com/onnx/onnx-tensorrt, the TensorRT 10.15 GA
+version ("TensorRT 10.15 supports operators in the inclusive range of opset 9 to opset 24"), one line
+per operator: ``Op: supported types | restriction``. Operators its table marks ``N`` are in
+:data:`UNSUPPORTED`. TensorRT 11.x: NVIDIA's *ONNX Opset Guide* points to the same operators.md.
+
+What changed between releases is in three tables, each row naming its source: :data:`OP_SINCE`
+(an operator the parser imports from a release on), :data:`FEATURE_SINCE` (a form of a supported
+operator, e.g. Squeeze without ``axes``) and :data:`OPSET_MAX` (the newest opset per release).
+:mod:`toolchain.export.lint` gates every rule by the target TensorRT version. Update this file when a
+TensorRT release is adopted, and raise :data:`NEWEST` with it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ Cos: {_F}
 Cosh: {_F}
 CumSum: {_F} | `axis` must be a build-time constant
 DeformConv: FP32, FP16 | 1D or 2D spatial input; symmetric pads
+DFT: {_F} | (type column not in operators.md 10.15; taken as the float types)
 DepthToSpace: {_FI}
 DequantizeLinear: INT8, FP8, FP4, INT4 | `x_zero_point` must be zero
 Div: {_FI}
@@ -173,7 +176,7 @@ Tanh: {_F}
 TensorScatter: FP32, FP16, BF16, INT32 | `past_cache` and `update` must be 4D; `axis` must be -2
 ThresholdedRelu: {_F}
 Tile: {_ALL}
-TopK: {_FI} | `sorted` must be 1; K must be below 3840
+TopK: {_FI} | K must be below 3840
 Transpose: {_ALL}
 Trilu: {_ALL}
 Unsqueeze: {_ALL} | `axes` must be resolvable to a constant
@@ -205,21 +208,75 @@ SUPPORTED: MappingProxyType[str, OpSupport] = MappingProxyType(_parse(_TABLE))
 #: Operators operators.md lists as not supported (``N``).
 UNSUPPORTED: frozenset[str] = frozenset(
     """AffineGrid Bernoulli BitShift BitwiseAnd BitwiseNot BitwiseOr BitwiseXor CenterCropPad Col2Im Compress
-    ConcatFromSequence ConvInteger DFT Det DynamicQuantizeLinear ImageDecoder MatMulInteger MaxRoiPool MaxUnpool
+    ConcatFromSequence ConvInteger Det DynamicQuantizeLinear ImageDecoder MatMulInteger MaxRoiPool MaxUnpool
     MelWeightMatrix Multinomial NegativeLogLikelihoodLoss Optional OptionalGetElement OptionalHasElement
     QLinearConv QLinearMatMul RegexFullMatch SequenceAt SequenceConstruct SequenceEmpty SequenceErase
     SequenceInsert SequenceLength SequenceMap SoftmaxCrossEntropyLoss SplitToSequence StringConcat
     StringNormalizer StringSplit TfIdfVectorizer Unique""".split()
 )
 
-#: Operators that need at least this TensorRT (major, minor).
-MIN_VERSION: MappingProxyType[str, tuple[int, int]] = MappingProxyType(
-    {"Attention": (10, 14), "RotaryEmbedding": (10, 15), "RMSNormalization": (10, 15),
-     "TensorScatter": (10, 15), "Swish": (11, 0)}
-)
+Version = tuple[int, int]
 
-#: Default-domain opset range per TensorRT major: (min, max in the earliest minor, max in the latest).
-OPSET_RANGE: MappingProxyType[int, tuple[int, int, int]] = MappingProxyType({10: (9, 20, 24), 11: (9, 25, 25)})
+#: The newest TensorRT (major, minor) whose rules this table holds: the lint's default target.
+NEWEST: Version = (11, 5)
+
+
+class Rule(NamedTuple):
+    """Something the parser accepts from TensorRT ``since`` on, and where that fact comes from."""
+
+    since: Version
+    what: str
+    source: str
+
+
+_CL = "onnx-tensorrt docs/Changelog.md"
+_ISSUE = "issue #22 (TensorRT release notes; not confirmed against the text here)"
+
+#: Operators the parser imports only from a TensorRT (major, minor) on.
+OP_SINCE: MappingProxyType[str, Rule] = MappingProxyType({
+    "DeformConv": Rule((10, 1), "DeformConv", f"{_CL}, TensorRT 10.1 GA; TensorRT OSS v10.1.0 release"),
+    "BlackmanWindow": Rule((10, 4), "BlackmanWindow", f"{_CL}, TensorRT 10.4 GA"),
+    "HammingWindow": Rule((10, 4), "HammingWindow", f"{_CL}, TensorRT 10.4 GA"),
+    "HannWindow": Rule((10, 4), "HannWindow", f"{_CL}, TensorRT 10.4 GA"),
+    "STFT": Rule((10, 5), "real-valued STFT", f"{_CL}, TensorRT 10.5 GA; TensorRT OSS v10.5.0 release"),
+    "Attention": Rule((10, 14), "Attention", "onnx-tensorrt release 10.14 GA parser update"),
+    "RotaryEmbedding": Rule((10, 15), "RotaryEmbedding", f"{_CL}, TensorRT 10.15 GA"),
+    "RMSNormalization": Rule((10, 15), "RMSNormalization", f"{_CL}, TensorRT 10.15 GA"),
+    "TensorScatter": Rule((10, 15), "TensorScatter", f"{_CL}, TensorRT 10.15 GA"),
+    "Swish": Rule((11, 0), "Swish", "TensorRT 11.0 release notes"),
+    "DFT": Rule((11, 2), "DFT", "TensorRT 11.2 release (NVIDIA/TensorRT v11.2: parser adds DFT via FFTPlugin)"),
+})
+
+#: Forms of supported operators (or of the graph) the parser accepts only from a release on.
+FEATURE_SINCE: MappingProxyType[str, Rule] = MappingProxyType({
+    "local-function": Rule((9, 0), "nodes backed by ONNX local functions (model.functions)",
+                           f"{_CL}, TensorRT 9.0 EA/GA (local functions imported)"),
+    "topk-runtime-k": Rule((8, 6), "TopK with a K computed at run time", f"{_CL}, TensorRT 8.6 EA (dynamic K)"),
+    "float64": Rule((8, 0), "float64 tensors, cast down to float32 with clamping to +-FLT_MAX",
+                    f"{_CL}, 21.05 (DOUBLE downcast); operators.md 10.x data-type note"),
+    "einsum-ellipsis": Rule((10, 12), "Einsum with an ellipsis ('...') in its equation", _ISSUE),
+    "pow-integer-base": Rule((10, 12), "Pow with an integer (INT32/INT64) base", _ISSUE),
+    "squeeze-no-axes": Rule((11, 5), "Squeeze without axes (squeeze every size-1 dim)",
+                            "TensorRT 11.5 release; onnx-tensorrt release 11.5-GA parser update"),
+})
+
+#: Newest default-domain opset per release: ``(since, max opset, exact, source)``. ``exact`` is
+#: False when the step happened somewhere after the previous row, in a release not pinned down here
+#: (an opset in that gap is a warning, not an error, for the releases in between).
+OPSET_MAX: tuple[tuple[Version, int, bool, str], ...] = (
+    ((10, 0), 20, True, "operators.md for TensorRT 10.0 ('opset 9 to opset 20')"),
+    ((10, 15), 24, False, "operators.md for TensorRT 10.15 ('opset 9 to opset 24')"),
+    ((11, 0), 24, True, _ISSUE + ": 11.x before 11.5 parses up to opset 24"),
+    ((11, 5), 25, True, "TensorRT 11.5 release; onnx-tensorrt release 11.5-GA ('Added support for ONNX opset 25')"),
+)
+#: Oldest opset the parser imports (every operators.md of 10.x/11.x: "opset 9 to ...").
+OPSET_MIN = 9
+
+#: TensorRT majors this lint knows.
+MAJORS: frozenset[int] = frozenset(v[0] for v, *_ in OPSET_MAX)
+
+#: TopK's K must be below this (operators.md TopK row).
+TOPK_MAX_K = 3840
 
 #: ONNX element type name (``TensorProto.DataType.Name``) -> operators.md type column.
 TYPE_COLUMN: MappingProxyType[str, str] = MappingProxyType(

@@ -140,16 +140,48 @@ def _add_profile(builder: Any, config: Any, network: Any, shapes: Mapping[str, l
     extra = sorted(set(shapes) - names)
     if extra:
         raise EngineError(f"build_engine: profile names {extra}, which are not network inputs {sorted(names)}.")
-    config.add_optimization_profile(profile)
+    if config.add_optimization_profile(profile) < 0:  # IBuilderConfig::addOptimizationProfile: -1 if invalid
+        raise EngineError("build_engine: TensorRT rejected the optimisation profile "
+                          f"{ {n: shapes[n] for n in sorted(shapes)} } as invalid (see the TensorRT log above); "
+                          "check min <= opt <= max and that every dynamic input has an entry.")
+
+
+def _create_cache(config: Any, data: bytes) -> Any:
+    """``config.create_timing_cache(data)``, None when TensorRT cannot read ``data``.
+
+    The header documents a null result for a blob it cannot deserialise (another TensorRT's cache,
+    a truncated or corrupt file); the Python bindings return None, or may raise, for it.
+    """
+    try:
+        return config.create_timing_cache(data)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        log.debug("create_timing_cache raised %s", exc)
+        return None
 
 
 def _load_timing_cache(config: Any, path: Path | None) -> None:
-    """Attach the timing cache from ``path`` (or a fresh one) to the builder config."""
+    """Attach the timing cache from ``path`` (or a fresh one when it is unusable) to the builder config.
+
+    A cache TensorRT cannot read (another TensorRT version's, or corrupt) makes ``create_timing_cache``
+    return None; one made on another device makes ``set_timing_cache(..., ignore_mismatch=False)``
+    return False (the only case the header documents). Both fall back to a fresh cache with a warning,
+    and the file is overwritten with this build's timings.
+    """
     data = path.read_bytes() if path is not None and path.is_file() else b""
-    cache = config.create_timing_cache(data)
-    if not config.set_timing_cache(cache, ignore_mismatch=False):
-        log.warning("timing cache %s belongs to another TensorRT/GPU; starting a fresh one", path)
-        config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=True)
+    if data:
+        cache = _create_cache(config, data)
+        if cache is None:
+            log.warning("timing cache %s cannot be read by this TensorRT (another version's, or corrupt); "
+                        "starting a fresh one, which will replace it", path)
+        elif config.set_timing_cache(cache, ignore_mismatch=False):
+            return
+        else:
+            log.warning("timing cache %s was made on another device; starting a fresh one, which will replace it",
+                        path)
+    fresh = _create_cache(config, b"")
+    if fresh is None or not config.set_timing_cache(fresh, ignore_mismatch=False):
+        raise EngineError("build_engine: TensorRT could not create or attach an empty timing cache; "
+                          "this TensorRT installation looks broken (see the TensorRT log above).")
 
 
 def build_engine(

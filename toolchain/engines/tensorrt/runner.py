@@ -3,9 +3,11 @@
 Activation reads the sidecar first (before importing TensorRT, so that a machine without it is
 told which TensorRT version and GPU the engine needs) and refuses an engine built with another
 TensorRT version or GPU (:func:`~toolchain.engines.tensorrt.sidecar.ensure_compatible`), then deserialises it and
-creates one execution context. Inference uses torch CUDA tensors as device buffers:
-``context.set_input_shape`` and ``set_tensor_address`` per input, output buffers sized from
-``context.get_tensor_shape``, ``execute_async_v3`` on a torch CUDA stream, then one synchronise.
+creates one execution context. Inference uses torch CUDA tensors as device buffers
+(:func:`~toolchain.engines.tensorrt.outputs.run_context`): ``context.set_input_shape`` (checked)
+and ``set_tensor_address`` per input, output buffers sized from ``context.get_tensor_shape``, an
+``IOutputAllocator`` for outputs whose shape depends on the data (NonZero, NonMaxSuppression),
+``execute_async_v3`` on a torch CUDA stream, then one synchronise.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from toolchain.engines.base import Runner, ShapeLimits, TensorSpec, check_feed
 from toolchain.engines.tensorrt._deps import current_identity, import_tensorrt, require_cuda
+from toolchain.engines.tensorrt.outputs import make_output_allocator, run_context
 from toolchain.engines.tensorrt.sidecar import EngineSidecar, ensure_compatible, feed_specs, read_sidecar, sidecar_path
 from toolchain.errors import EngineError, MissingDependencyError
 from toolchain.export.fileio import sha256_file
@@ -52,6 +55,7 @@ class TrtRunner(Runner):
         self._engine: Any = None
         self._context: Any = None
         self._stream: Any = None
+        self._allocator: Any = None
         self._inputs: list[str] = []
         self._outputs: list[str] = []
 
@@ -102,13 +106,14 @@ class TrtRunner(Runner):
                 raise EngineError(f"TensorRT could not create an execution context for {self.engine_path.name} "
                                   "(out of GPU memory?).")
             self._stream = torch.cuda.Stream(device=self.device)
+            self._allocator = make_output_allocator(trt, torch.device(f"cuda:{self.device}"))
         self._trt, self._runtime, self._engine, self._context = trt, runtime, engine, context
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self._inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self._outputs = [n for n in names if n not in self._inputs]
 
     def _deactivate_impl(self) -> None:
-        self._context = self._engine = self._runtime = self._stream = None
+        self._context = self._engine = self._runtime = self._stream = self._allocator = None
 
     def _dtype(self, name: str) -> tuple[str, Any]:
         kind = self._engine.get_tensor_dtype(name).name
@@ -138,26 +143,15 @@ class TrtRunner(Runner):
     def _infer_impl(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
-        ctx = self._context
+        device = torch.device(f"cuda:{self.device}")
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
-            keep = []
+            inputs = {}
             for name in self._inputs:
-                tensor = torch.from_numpy(np.ascontiguousarray(feed[name])).to(f"cuda:{self.device}")
+                tensor = torch.from_numpy(np.ascontiguousarray(feed[name])).to(device)
                 if self._dtype(name)[0] == "bfloat16":
                     tensor = tensor.to(torch.bfloat16)
-                keep.append(tensor)
-                ctx.set_input_shape(name, tuple(tensor.shape))
-                ctx.set_tensor_address(name, tensor.data_ptr())
-            unresolved = ctx.infer_shapes()
-            if unresolved:
-                raise EngineError(f"{self.name}: TensorRT could not infer shapes for {list(unresolved)}.")
-            outputs = {}
-            for name in self._outputs:
-                shape = tuple(ctx.get_tensor_shape(name))
-                out = torch.empty(shape, dtype=getattr(torch, self._dtype(name)[0]), device=f"cuda:{self.device}")
-                ctx.set_tensor_address(name, out.data_ptr())
-                outputs[name] = out
-            if not ctx.execute_async_v3(self._stream.cuda_stream):
-                raise EngineError(f"{self.name}: execute_async_v3 failed for {self.engine_path.name}.")
-            self._stream.synchronize()
+                inputs[name] = tensor
+            outputs = run_context(self._context, inputs, self._outputs, lambda n: getattr(torch, self._dtype(n)[0]),
+                                  allocator=self._allocator, device=device, stream_handle=self._stream.cuda_stream,
+                                  synchronize=self._stream.synchronize, who=f"{self.name} ({self.engine_path.name})")
         return {n: (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy() for n, t in outputs.items()}
