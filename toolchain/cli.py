@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from toolchain import interrupts
-from toolchain.errors import ToolchainError
+from toolchain.errors import ToolchainError, environment_error
 
 app = typer.Typer(
     add_completion=False,
@@ -157,7 +157,10 @@ def parity(
 def lint(
     onnx_file: Annotated[Path, typer.Argument(help="ONNX file to check")],
     target: Annotated[str, typer.Option("--target", help="tensorrt (the parser to check against)")] = "tensorrt",
-    trt_version: Annotated[str, typer.Option("--trt-version", help="TensorRT version, e.g. 10, 10.15, 11")] = "10",
+    trt_version: Annotated[str | None, typer.Option(
+        "--trt-version", help="target TensorRT version, e.g. 10.3, 10.15, 11.5 (a major only, e.g. 10: rules added "
+        "within it are warnings); default: the installed TensorRT's, else the newest rules the lint knows",
+        show_default=False)] = None,
 ) -> None:
     """Check an ONNX graph against the TensorRT ONNX parser on CPU (exit 1 on any error)."""
     from toolchain.export.lint import lint_tensorrt
@@ -168,7 +171,7 @@ def lint(
     for finding in report.findings:
         console.print(escape(str(finding)), highlight=False)
     report.raise_if_failed()
-    console.print(f"[green]ok[/green]: {onnx_file} passes the TensorRT {trt_version} lint")
+    console.print(f"[green]ok[/green]: {escape(str(onnx_file))} passes the TensorRT {report.trt_version} lint")
 
 
 _GRAPH_KINDS = {".onnx": "onnxrt-cpu", ".engine": "tensorrt", ".plan": "tensorrt", ".trt": "tensorrt"}
@@ -184,6 +187,16 @@ def _read_inputs(path: Path) -> dict:
     how = f"write it with numpy.savez('{path.name}', input_name=array, ...) using the graph's input names"
     if not path.is_file():
         raise ToolchainError(f"inputs file '{path}' does not exist; {how}.")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(6)
+    except OSError as exc:
+        raise ToolchainError(f"cannot read inputs file '{path}' ({exc.strerror or exc}); {how}.") from None
+    if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06", b"\x93NUMPY")):  # zip (.npz) or .npy
+        text = magic and all(32 <= b < 127 or b in b"\t\r\n" for b in magic)
+        what = ("it is empty" if not magic else "it looks like a text file" if text
+                else "it does not start with a zip archive's 'PK' signature")
+        raise ToolchainError(f"inputs file '{path}' is not a NumPy .npz archive ({what}); {how}.")
     try:
         loaded = np.load(path, allow_pickle=False)
         if not isinstance(loaded, np.lib.npyio.NpzFile):
@@ -221,8 +234,9 @@ def infer(
 ) -> None:
     """Run an ONNX graph or a TensorRT engine on named arrays (.npz) and write its outputs (.npz).
 
-    Inputs are checked first (names, dtypes, ranks, static dims, the engine profile's min/max): exit 2 on a bad feed.
-    Nothing is written unless inference succeeds. Example: infer model.onnx --inputs in.npz --out out.npz
+    Inputs are checked first (names, dtypes, ranks, static dims, the engine profile's min/max, empty inputs, token
+    ids against the vocabulary, the sequence length against the position table) and --out must be writable: exit 2
+    otherwise. Nothing is written unless inference succeeds. Example: infer model.onnx --inputs in.npz --out out.npz
     """
     import io
 
@@ -230,6 +244,7 @@ def infer(
 
     from toolchain.artifacts import atomic_write_bytes
     from toolchain.engines import make_runner
+    from toolchain.engines.inputs import check_output_path, check_values, engine_value_limits, onnx_value_limits
     from toolchain.errors import FeedError, GraphError
 
     suffix = graph.suffix.lower()
@@ -250,6 +265,7 @@ def infer(
         raise ToolchainError(f"'{graph}' is a TensorRT engine; ONNX Runtime runs .onnx files. Use --engine tensorrt.")
     if out.resolve() in (graph.resolve(), inputs.resolve()):
         raise ToolchainError(f"--out '{out}' would overwrite an input; choose another output file.")
+    check_output_path(out)  # before inference runs, not after
     feed = _read_inputs(inputs)
     runner = (make_runner("tensorrt", engine_path=graph, name=graph.name) if kind == "tensorrt"
               else make_runner(kind, path=graph, name=f"{graph.name} ({kind})"))
@@ -257,9 +273,14 @@ def infer(
     if kind == "tensorrt":  # the sidecar (missing or malformed: a clear error) describes the inputs
         from toolchain.engines.tensorrt import feed_specs, read_sidecar
 
-        specs = feed_specs(read_sidecar(graph))[0]
+        sidecar = read_sidecar(graph)
+        specs = feed_specs(sidecar)[0]
+        limits = engine_value_limits(graph, sidecar.onnx_file, sidecar.onnx_sha256)
+    else:  # vocabulary and sequence limits from the graph's embedding tables
+        limits = onnx_value_limits(graph)
     try:
         runner.precheck(feed)  # TensorRT: the sidecar's inputs and profile, before TensorRT is needed
+        check_values(feed, limits, runner=runner.name)  # empty inputs, token ids, sequence length
         with runner:
             specs = runner.input_specs()
             outputs = runner.infer(feed)
@@ -356,6 +377,10 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if debug:
             raise
+        env = environment_error(exc)
+        if env is not None:  # the user's machine (disk full, read-only, permissions), not a bug
+            console.print(f"[red]error[/red]: cannot use {escape(env)}.", highlight=False, soft_wrap=True)
+            sys.exit(2)
         console.print(f"[red]internal error[/red]: {type(exc).__name__}: {escape(str(exc))}. Rerun with --debug "
                       "for the traceback and report it.", highlight=False, soft_wrap=True)
         sys.exit(4)

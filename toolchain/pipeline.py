@@ -34,8 +34,17 @@ from rich.console import Console
 
 from toolchain import distributed as dist
 from toolchain import interrupts
-from toolchain.artifacts import StageDir, locked, read_manifest, scratch_folder
-from toolchain.errors import DataError, RecipeError, ToolchainError
+from toolchain.artifacts import (
+    StageDir,
+    folder_digest,
+    locked,
+    read_digest_cache,
+    read_manifest,
+    remove_stale_temporaries,
+    scratch_folder,
+    write_digest_cache,
+)
+from toolchain.errors import ArtifactError, DataError, RecipeError, ToolchainError, environment_error
 from toolchain.recipe import Recipe
 
 
@@ -96,7 +105,7 @@ class Context:
         return self.root / name
 
     def key(self, name: str) -> str:
-        """Cache key of stage ``name`` (recipe sections + seed + upstream keys)."""
+        """Cache key of stage ``name`` (recipe sections + seed + data and model content + upstream keys)."""
         st = STAGES[name]
         h = hashlib.sha256()
         h.update(name.encode())
@@ -105,6 +114,8 @@ class Context:
         h.update(self.recipe.digest(*st.sections, "seed").encode())
         if "data" in st.sections and any(self._data_sources):  # a local csv: data set: its content too
             h.update(repr(self._data_sources).encode())
+        if "model" in st.sections and self._model_source is not None:  # the checkpoint folder's content
+            h.update(f"model {self._model_source}".encode())
         for up in st.upstream:
             h.update(self.key(up).encode())
         return h.hexdigest()[:16]
@@ -114,12 +125,16 @@ class Context:
     def data(self) -> dict[str, Any]:
         """Deterministic splits: train/val/calib/test (ID) and ood_val/ood_test (OOD)."""
         r = self.recipe
-        _ident, splits = self.carve("id")
+        ident, splits = self.carve("id")
         for name, part in splits.items():
             if len(part) == 0:
                 raise DataError(f"split '{name}' of data set '{r.data.id}' is empty (data.splits.{name}).")
-        if r.data.ood:
-            splits.update(self.carve("ood")[1])
+        if r.data.ood:  # OOD rows that are also ID rows: dropped (a few) or refused (toolchain/data/overlap.py)
+            from toolchain.data.overlap import drop_id_rows
+
+            splits.update(drop_id_rows(ident, self.carve("ood")[1], id_name=r.data.id, ood_name=r.data.ood,
+                                       warn=lambda m: self.console.print(f"warning: {m}", highlight=False,
+                                                                         markup=False)))
         return splits
 
     def carve(self, which: str, more: dict[str, int | None] | None = None) -> tuple[Any, dict[str, Any]]:
@@ -147,6 +162,21 @@ class Context:
                 left -= count
         checks = {"class_checked": ()} if ood else {}  # OOD labels are not used
         return data, make_splits(data, sizes, seed=r.seed + 1 if ood else r.seed, **checks)
+
+    @cached_property
+    def _model_source(self) -> str | None:
+        """Content hash of the ``model.source`` folder (weights, config, tokenizer files); None without one."""
+        from toolchain.models import resolve_source
+
+        if self.recipe.model.source is None:
+            return None
+        folder = resolve_source(self.recipe.model.source)
+        return folder_digest(folder, self.digest_cache)
+
+    @cached_property
+    def digest_cache(self) -> dict[str, Any]:
+        """File digests of model folders (see :func:`toolchain.artifacts.folder_digest`); saved with each stage."""
+        return read_digest_cache(self.root)
 
     @cached_property
     def _data_sources(self) -> tuple[str | None, ...]:
@@ -241,6 +271,7 @@ def run_pipeline(ctx: Context, until: str | None = None, only: list[str] | None 
     with dist.guard("the pipeline"), _quiet_unless_main(ctx), contextlib.ExitStack() as stack:
         if dist.is_main():  # rank 0 alone holds the lock (and writes)
             stack.enter_context(locked(ctx.root))
+            _remove_leftovers(ctx)
         dist.barrier(what="taking the artifacts lock")
         for name in names:
             status[name] = _run_stage(ctx, name)
@@ -248,6 +279,14 @@ def run_pipeline(ctx: Context, until: str | None = None, only: list[str] | None 
                 summary = stage_manifest(ctx, "load").get("summary", {})
                 check_recipe_against_model(ctx.recipe, summary["heads_per_layer"])
     return status
+
+
+def _remove_leftovers(ctx: Context) -> None:
+    """Delete what a killed run left in the artifacts folder (we hold the lock: no live run owns it)."""
+    names, freed = remove_stale_temporaries(ctx.root)
+    if names:
+        ctx.console.print(f"removed {len(names)} temporary folder(s) left by an interrupted run "
+                          f"({freed / 1e6:.1f} MB): {', '.join(names)}", highlight=False)
 
 
 @contextlib.contextmanager
@@ -297,9 +336,15 @@ def _build_and_publish(ctx: Context, st: Stage, sd: StageDir, work: Path, *, pub
                 "upstream": {u: ctx.key(u) for u in st.upstream}, **info}
         if publish:
             sd.publish(info)
-    except BaseException:
+            if "digest_cache" in ctx.__dict__:
+                write_digest_cache(ctx.root, ctx.digest_cache)
+    except BaseException as exc:
         if publish:
             sd.abort()
+        env = environment_error(exc, where=str(work)) if isinstance(exc, Exception) else None
+        if env is not None and not isinstance(exc, ToolchainError):
+            raise ArtifactError(f"stage '{st.name}' could not write its outputs in {env}. Nothing was published: "
+                                "completed stages are kept and the next run resumes.") from exc
         raise
     ctx.console.print(f"  {st.name}: done in {info['seconds']:.1f} s")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,15 +52,23 @@ def test_aborted_stage_keeps_previous_output(tmp_path):
     assert not any(p.name.startswith(".export") for p in tmp_path.iterdir())
 
 
-def test_lock_refuses_a_live_holder_and_clears_a_stale_one(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+def test_lock_refuses_a_live_holder_and_is_free_once_it_is_killed(tmp_path):
+    code = "import sys, time\nfrom toolchain.artifacts import locked\nwith locked(sys.argv[1]):\n" \
+           "    print('held', flush=True)\n    time.sleep(30)\n"
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
-        (tmp_path / ".lock").write_text(str(holder.pid))
-        with pytest.raises(ArtifactError, match=rf"in use by process {holder.pid}"), locked(tmp_path):
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ArtifactError, match=rf"in use by process {holder.pid} on host"), locked(tmp_path):
             pass
     finally:
-        holder.kill()
+        holder.kill()  # SIGKILL: no finally block runs in the holder; the kernel drops its lock
         holder.wait()
-    with locked(tmp_path):  # the holder is dead now: stale lock is taken over
-        assert (tmp_path / ".lock").read_text() == str(os.getpid())
-    assert not (tmp_path / ".lock").exists()
+    with locked(tmp_path):  # no stale lock to clear
+        assert json.loads((tmp_path / ".lock.holder").read_text())["pid"] == os.getpid()
+    assert not (tmp_path / ".lock.holder").exists()
+
+
+def test_a_lock_file_left_with_a_live_pid_is_not_a_lock(tmp_path):
+    (tmp_path / ".lock").write_text(str(os.getpid()))  # the old PID-file format, naming a live process
+    with locked(tmp_path):
+        pass

@@ -112,6 +112,45 @@ def test_ece_on_exact_edge_depends_on_documented_rule():
     assert reliability_bins(probs, labels).count[[2, 3]].tolist() == [1, 2]
 
 
+def _torchmetrics_rule_ece(probs: np.ndarray, labels: np.ndarray, n_bins: int = 15) -> float:
+    """torchmetrics' ``_binning_bucketize`` binning: n_bins + 1 slots, a confidence of exactly 1.0 alone in the last."""
+    conf, correct = probs.max(axis=1), (probs.argmax(axis=1) == labels).astype(np.float64)
+    edges = np.linspace(0, 1, n_bins + 1, dtype=np.float32)
+    idx = np.searchsorted(edges, conf.astype(np.float32), side="right") - 1  # torch.bucketize(right=True) - 1
+    total = 0.0
+    for b in np.unique(idx):
+        inside = idx == b
+        total += inside.mean() * abs(correct[inside].mean() - conf[inside].mean())
+    return float(total)
+
+
+def test_ece_confidence_exactly_one_is_in_the_last_bin():
+    # A: conf exactly 1.0, wrong. B: conf 0.95, right. Both in the last bin [14/15, 1]:
+    # acc 0.5, mean conf 0.975 -> ECE = |0.5 - 0.975| = 0.475 (Guo et al.'s convention: 1.0 is in the last bin).
+    probs = np.array([[1.0, 0.0], [0.95, 0.05]])
+    labels = np.array([1, 0])
+    assert reliability_bins(probs, labels).count[-1] == 2
+    assert bin_index(np.array([1.0]), 15).tolist() == [14]
+    assert ece(probs, labels) == pytest.approx(0.475, abs=1e-12)
+    # torchmetrics gives 1.0 an extra bin of its own: 0.5 * |0 - 1| + 0.5 * |1 - 0.95| = 0.525
+    assert _torchmetrics_rule_ece(probs, labels) == pytest.approx(0.525, abs=1e-6)
+    # without a confidence of exactly 1.0 the two rules agree
+    shifted = np.array([[0.99, 0.01], [0.95, 0.05]])
+    assert ece(shifted, labels) == pytest.approx(_torchmetrics_rule_ece(shifted, labels), abs=1e-6)
+
+
+def test_ece_matches_torchmetrics_where_documented():
+    tm = pytest.importorskip("torchmetrics.functional.classification")
+    torch = pytest.importorskip("torch")
+    probs = np.array([[1.0, 0.0], [0.95, 0.05], [0.7, 0.3], [0.4, 0.6]])
+    labels = np.array([1, 0, 1, 1])
+    theirs = float(tm.multiclass_calibration_error(torch.tensor(probs, dtype=torch.float32), torch.tensor(labels),
+                                                   num_classes=2, n_bins=15, norm="l1"))
+    assert theirs == pytest.approx(_torchmetrics_rule_ece(probs, labels), abs=1e-6)
+    assert ece(probs, labels) != pytest.approx(theirs, abs=1e-3)  # the documented difference at confidence 1.0
+    assert ece(probs[1:], labels[1:]) == pytest.approx(_torchmetrics_rule_ece(probs[1:], labels[1:]), abs=1e-6)
+
+
 def test_ece_hand_simple_and_one_bin():
     probs = np.array([[0.9, 0.1], [0.9, 0.1], [0.6, 0.4], [0.6, 0.4]])
     labels = np.array([0, 1, 0, 0])

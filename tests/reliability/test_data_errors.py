@@ -106,6 +106,13 @@ def test_integer_labels_sort_numerically_and_keep_their_meaning(tmp_path):
     assert data.name == "csv:ints.csv"
 
 
+def test_one_number_spelled_two_ways_is_not_two_classes(good):
+    rows = [(f"row {i}", ("1" if i % 3 == 0 else "1.0") if i % 2 else "0") for i in range(24)]
+    write_csv(good / "data" / "spelled.csv", rows)
+    out = _bad_load(good, "spelled.yaml", "csv:data/spelled.csv")
+    check_error(out, 2, "spelled.csv", "'1' (4 rows)", "'1.0' (8 rows)", "3 in all: 0, 1, 1.0", "one way")
+
+
 def test_header_case_bom_extra_columns_blank_lines_and_duplicates(tmp_path):
     path = tmp_path / "x.csv"
     path.write_bytes("\ufeffID, Label ,TEXT\n1,pos,\"hello, world\"\n\n2,neg,bye\n3,neg,bye\n4,pos,same\n5,neg,same\n"
@@ -166,3 +173,15 @@ def test_csv_ids_are_not_lower_cased(tmp_path):
     path = write_csv(tmp_path / "MixedCase.csv", two_class_rows(4))
     assert len(load_dataset(f"CSV:{path}")) == 4
     assert np.array_equal(load_dataset(f"csv:{path}").labels, [0, 1, 0, 1])
+
+
+def test_a_10_mb_field_loads(tmp_path):
+    """csv's default field limit is 128 KiB ("field larger than field limit"); a long document must load."""
+    long_text = "word " * 2_000_000  # 10 MB in one field
+    write_csv(tmp_path / "data" / "big.csv", [(long_text, "pos"), *two_class_rows()])
+    data = load_csv(f"csv:{tmp_path / 'data' / 'big.csv'}")
+    assert len(data) == 25 and len(data.texts[0]) == 10_000_000
+    out = cli("load", str(recipe(tmp_path, "big.yaml", "csv:data/big.csv")), cwd=Path("/"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = yaml.safe_load((tmp_path / "art" / "csvrel" / "load" / "summary.json").read_text())
+    assert sum(summary["splits"]["train"]["classes"].values()) == 8

@@ -126,9 +126,14 @@ def test_bad_inputs_files(graphs, tmp_path):
     graph = str(graphs["dynamic"])
     check_error(cli("infer", graph, "--inputs", str(tmp_path / "nope.npz"), "--out", str(tmp_path / "o.npz")), 2,
                 "nope.npz", "does not exist", "numpy.savez")
-    (tmp_path / "junk.npz").write_bytes(os.urandom(256))
-    check_error(cli("infer", graph, "--inputs", str(tmp_path / "junk.npz"), "--out", str(tmp_path / "o.npz")), 2,
-                "cannot read inputs file", "junk.npz", "numpy.savez")
+    (tmp_path / "junk.npz").write_bytes(b"\x00\xff" + os.urandom(256))
+    last = check_error(cli("infer", graph, "--inputs", str(tmp_path / "junk.npz"), "--out", str(tmp_path / "o.npz")),
+                       2, "inputs file", "junk.npz", "is not a NumPy .npz archive", "numpy.savez")
+    assert "pickled" not in last
+    (tmp_path / "text.npz").write_text("input_ids,attention_mask\n1,1\n")  # a text file renamed
+    last = check_error(cli("infer", graph, "--inputs", str(tmp_path / "text.npz"), "--out", str(tmp_path / "o.npz")),
+                       2, "text.npz", "is not a NumPy .npz archive (it looks like a text file)", "numpy.savez")
+    assert "pickled" not in last
     np.save(tmp_path / "one.npy", feed()["x"])
     check_error(cli("infer", graph, "--inputs", str(tmp_path / "one.npy"), "--out", str(tmp_path / "o.npz")), 2,
                 "one.npy", "single unnamed array", "numpy.savez")
@@ -162,6 +167,107 @@ def test_broken_onnx_files(graphs, tmp_path, damage):
     check_error(cli("infer", str(path), "--inputs", str(tmp_path / "in.npz"), "--out", str(tmp_path / "o.npz")), 2,
                 *needles)
     assert not (tmp_path / "o.npz").exists()
+
+
+def test_empty_inputs_are_refused_before_onnx_runtime(graphs, tmp_path):
+    result = _bad_feed_case(graphs, tmp_path, feed(0))
+    check_error(result, 2, "scorer.onnx (onnxrt-cpu): bad feed", "input 'x' is empty (shape (0, 6): batch 0)",
+                "input 'mask' is empty", "pass at least one row", "in.npz")
+    assert "ONNXRuntimeError" not in result.stderr
+
+
+@pytest.mark.parametrize("where", ["parent-is-a-file", "folder", "read-only-filesystem"])
+def test_an_unwritable_out_is_refused_before_inference(graphs, tmp_path, where):
+    (tmp_path / "a-file").write_text("x")
+    out = {"parent-is-a-file": tmp_path / "a-file" / "out.npz", "folder": tmp_path,
+           "read-only-filesystem": Path("/proc/hydra-infer-out.npz")}[where]
+    if where == "read-only-filesystem" and not Path("/proc/self").exists():
+        pytest.skip("no /proc on this system")
+    needle = {"parent-is-a-file": "is a file, not a folder", "folder": "is a folder",
+              "read-only-filesystem": "no file can be created in '/proc'"}[where]
+    result = cli("infer", str(graphs["dynamic"]), "--inputs", str(graphs["good"]), "--out", str(out))
+    check_error(result, 2, f"--out '{out}'", needle)
+    assert "output(s)" not in result.stderr
+
+
+class TinyBert(nn.Module):
+    """A 1-layer BERT classifier: 100-token vocabulary, 40 positions, 2 token types."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        torch.manual_seed(0)
+        config = transformers.BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=32, max_position_embeddings=40, num_labels=3)
+        self.bert = transformers.BertForSequenceClassification(config).eval()
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None) -> dict[str, torch.Tensor]:
+        return {"logits": self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                                    token_type_ids=token_type_ids).logits}
+
+
+def text_feed(batch: int = 2, seq: int = 8, types: bool = False) -> dict[str, np.ndarray]:
+    ids = (np.arange(batch * seq, dtype=np.int64).reshape(batch, seq) * 7) % 100
+    out = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    return out | ({"token_type_ids": np.zeros_like(ids)} if types else {})
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("bert")
+    paths = {}
+    for key, types in (("bert", False), ("bert-types", True)):
+        example = {k: torch.from_numpy(v) for k, v in text_feed(types=types).items()}
+        axes = {n: {0: "batch", 1: "sequence"} for n in example} | {"logits": {0: "batch"}}
+        paths[key] = export_onnx(TinyBert().eval(), example, ["logits"], tmp / key / "bert.onnx",
+                                 dynamic_axes=axes).path
+    return paths
+
+
+def test_text_graph_limits_come_from_the_embedding_tables(bert):
+    from toolchain.engines.inputs import onnx_value_limits
+
+    limits = onnx_value_limits(bert["bert"])
+    assert sorted(limits) == ["input_ids"]
+    ids = limits["input_ids"]
+    assert (ids.vocab, ids.max_length) == (100, 40) and ids.table.endswith("word_embeddings.weight")
+    assert ids.length_table.endswith("position_embeddings.weight")
+    typed = onnx_value_limits(bert["bert-types"])
+    assert typed["token_type_ids"].vocab == 2 and typed["input_ids"].vocab == 100
+
+
+@pytest.mark.parametrize(("case", "needles"), [
+    ("id-too-large", ["input 'input_ids' holds token id 150 at index (1, 3), outside the vocabulary 0..99",
+                      "word_embeddings.weight' has 100 rows", "tokenize with this model's own tokenizer"]),
+    ("negative-id", ["input 'input_ids' holds a negative token id -3 at index (0, 5); ids must lie in 0..99"]),
+    ("too-long", ["input 'input_ids' has a sequence of 50 tokens, over the maximum 40",
+                  "position_embeddings.weight' has 40 rows", "truncate the inputs to 40 tokens"]),
+    ("empty-sequence", ["input 'input_ids' is empty (shape (2, 0): axis 1 0)"]),
+    ("empty-batch", ["input 'input_ids' is empty (shape (0, 8): batch 0)"]),
+    ("token-type", ["input 'token_type_ids' holds token id 2 at index (0, 0), outside the vocabulary 0..1",
+                    "token_type_embeddings.weight' has 2 rows"]),
+])
+def test_token_ids_and_lengths_are_checked_against_the_graph(bert, tmp_path, case, needles):
+    arrays = text_feed(seq=50 if case == "too-long" else 0 if case == "empty-sequence" else 8,
+                       batch=0 if case == "empty-batch" else 2, types=case == "token-type")
+    if case == "id-too-large":
+        arrays["input_ids"][1, 3] = 150
+    elif case == "negative-id":
+        arrays["input_ids"][0, 5] = -3
+    elif case == "token-type":
+        arrays["token_type_ids"][0, 0] = 2
+    result = _bad_feed_case({"g": bert["bert-types" if case == "token-type" else "bert"]}, tmp_path, arrays, "g")
+    check_error(result, 2, "bert.onnx (onnxrt-cpu): bad feed", *needles, "in.npz")
+    assert "ONNXRuntimeError" not in result.stderr
+
+
+def test_good_text_feed_runs(bert, tmp_path):
+    np.savez(tmp_path / "in.npz", **text_feed(seq=40))
+    result = cli("infer", str(bert["bert"]), "--inputs", str(tmp_path / "in.npz"), "--out", str(tmp_path / "o.npz"))
+    assert result.returncode == 0, result.stderr
+    with np.load(tmp_path / "o.npz") as got:
+        assert got["logits"].shape == (2, 3)
 
 
 # ------------------------------------------------------------------------------------ TensorRT engines
@@ -206,6 +312,26 @@ def test_engine_feed_is_checked_against_the_sidecar_before_tensorrt(graphs, tmp_
                            "unknown input(s) ['X']", "missing input(s) ['x']",
                            "input 'mask' has dtype int32, expected int64")
         assert "expects 'x' float32 [batch, 6]" in last
+
+
+def test_engine_token_ids_are_checked_against_the_graph_it_was_built_from(bert, tmp_path):
+    from toolchain.artifacts import sha256_file
+
+    folder = tmp_path / "e"
+    folder.mkdir()
+    onnx_copy = folder / "bert.onnx"
+    onnx_copy.write_bytes(bert["bert"].read_bytes())
+    profile = {n: [[1, 1], [4, 16], [8, 64]] for n in ("input_ids", "attention_mask")}
+    inputs = {n: {"dtype": "int64", "shape": ["batch", "sequence"]} for n in ("input_ids", "attention_mask")}
+    engine = fake_engine(folder, profile=profile, inputs=inputs, onnx_file="bert.onnx",
+                         onnx_sha256=sha256_file(onnx_copy))
+    arrays = text_feed()
+    arrays["input_ids"][0, 1] = 100
+    result = _bad_feed_case({"engine": engine}, tmp_path, arrays, graph="engine")
+    check_error(result, 2, "scorer.engine: bad feed", "token id 100 at index (0, 1), outside the vocabulary 0..99")
+    onnx_copy.write_bytes(b"another graph")  # not the graph the engine was built from: its limits are not used
+    result = _bad_feed_case({"engine": engine}, tmp_path, arrays, graph="engine")
+    assert "token id" not in result.stderr
 
 
 def test_engine_sidecar_missing_or_corrupt(graphs, tmp_path):

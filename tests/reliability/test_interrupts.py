@@ -19,6 +19,8 @@ import pytest
 import yaml
 from reliability_cli import ROOT, cli
 
+from toolchain.artifacts import locked
+
 pytestmark = pytest.mark.slow
 
 STEPS = 12
@@ -79,7 +81,9 @@ def test_sigterm_during_finetuning_keeps_nothing_partial_and_the_rerun_completes
     assert err.strip().splitlines()[-1] == "interrupted: completed stages are kept; the next run resumes"
     assert not (art / "finetune").exists(), "a half-trained model must not be published"
     assert not list(art.glob(".*.tmp-*")) and not list(art.glob(".*.old-*")), "no temporary folder may stay"
-    assert not (art / ".lock").exists()
+    assert not (art / ".lock.holder").exists()  # the holder's record goes with the lock
+    with locked(art):  # and the lock is free (an OS lock: its file may stay, nobody holds it)
+        pass
     assert (art / "load" / "manifest.json").is_file()  # the completed stage before it is kept
     verified = cli("verify", str(art))
     assert verified.returncode == 0, verified.stderr

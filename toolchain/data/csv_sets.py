@@ -35,6 +35,9 @@ __all__ = ["CSV_PREFIX", "is_csv_id", "load_csv", "resolve_csv_id", "source_dige
 CSV_PREFIX = "csv:"
 _COLUMNS = ("text", "label")
 _HOW = "The file needs a header line with the columns text,label and one example per row."
+#: Largest field the reader accepts: csv's default (128 KiB) rejects a long document with "field
+#: larger than field limit"; 2**31 - 1 is the largest value every platform's C long holds.
+FIELD_LIMIT = 2**31 - 1
 
 
 def is_csv_id(name: object) -> bool:
@@ -89,6 +92,24 @@ def _sort_classes(values: set[str]) -> list[str]:
         return sorted(values)
 
 
+def _check_label_spellings(path: str, labels: list[str], classes: list[str]) -> None:
+    """Labels that are one number spelled two ways (``1`` and ``1.0``) would silently become two classes."""
+    by_value: dict[float, list[str]] = {}
+    for c in classes:
+        try:
+            by_value.setdefault(float(c), []).append(c)
+        except ValueError:
+            continue
+    clash = next((sorted(v) for v in by_value.values() if len(v) > 1), None)
+    if clash:
+        counts = ", ".join(f"'{c}' ({labels.count(c)} rows)" for c in clash)
+        raise DataError(
+            f"CSV data set {path}: the labels {counts} are one number spelled differently, so they would be "
+            f"{len(clash)} separate classes ({len(classes)} in all: {', '.join(classes)}).",
+            hint="Write each label one way in the label column (e.g. 1, not 1.0).",
+        )
+
+
 @functools.lru_cache(maxsize=4)
 def _parse(path: str, _size: int, _mtime_ns: int) -> tuple[tuple[str, ...], tuple[str, ...], int]:
     """Texts, raw label strings and the number of duplicate rows dropped."""
@@ -104,6 +125,8 @@ def _parse(path: str, _size: int, _mtime_ns: int) -> tuple[tuple[str, ...], tupl
                         "save it as UTF-8 and run again.") from exc
     if not text.strip():
         raise DataError(f"CSV data set {path} is empty. {_HOW}")
+    if csv.field_size_limit() < FIELD_LIMIT:
+        csv.field_size_limit(FIELD_LIMIT)  # process-wide; only ever raised
     rows = csv.reader(io.StringIO(text, newline=""))
     try:
         header = next(rows)
@@ -138,6 +161,7 @@ def _parse(path: str, _size: int, _mtime_ns: int) -> tuple[tuple[str, ...], tupl
     if not texts:
         raise DataError(f"CSV data set {path} has a header but no rows. {_HOW}")
     classes = _sort_classes(set(labels))
+    _check_label_spellings(path, labels, classes)
     index = {c: i for i, c in enumerate(classes)}
     kept, kept_labels = drop_duplicate_texts(texts, [index[lab] for lab in labels])
     return tuple(kept), tuple(classes[i] for i in kept_labels), len(texts) - len(kept)

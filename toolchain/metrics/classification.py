@@ -15,9 +15,17 @@ mean of the members' softmax probabilities) and integer ``labels`` of shape ``[N
   equal-width bins (15 by default). Bin rule: **[lo, hi)**, except that the last bin is closed,
   ``[lo, 1]``. Bin edges are ``i / n_bins`` computed in float64 (correctly rounded), and the
   confidences are compared in float64, so a confidence of exactly ``0.2``, ``0.4`` or ``7/15``
-  (the float64 nearest those values) falls in the bin that *starts* at that edge. This is
-  torchmetrics / torch-uncertainty's rule without their float32-edge error. (Guo et al. 2017
-  use (lo, hi]; the two differ only for confidences lying exactly on an inner edge.)
+  (the float64 nearest those values) falls in the bin that *starts* at that edge.
+  A confidence of exactly ``1.0`` is in the last bin, with the rest of ``[lo, 1]``: the usual
+  convention (Guo et al. 2017's reference code, whose bins are (lo, hi], does the same).
+  Where this differs from other libraries: torchmetrics (``_binning_bucketize``:
+  ``torch.bucketize(conf, linspace(0, 1, n_bins + 1), right=True) - 1`` into ``n_bins + 1``
+  slots) uses the same [lo, hi) rule for the inner edges (computed in float32), but it puts a
+  confidence of exactly 1.0 in an extra bin of its own (``{1.0}``), so its ECE differs from
+  this one whenever some confidences are exactly 1.0 and others share the last bin (e.g. one
+  wrong prediction at confidence 1.0 and one right one at 0.95: 0.525 there, 0.475 here). Guo
+  et al.'s (lo, hi] differs from this rule only for confidences lying exactly on an inner edge.
+  ``tests/metrics/test_metrics_classification.py`` pins both differences.
 """
 
 from __future__ import annotations

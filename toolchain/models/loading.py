@@ -90,6 +90,7 @@ def load_model(
     seed: int = 0,
     tokenizer: bool = True,
     adapter_kwargs: dict | None = None,
+    labels: list[str] | None = None,
 ) -> LoadedModel:
     """Load a checkpoint (plain or pruned) with its adapter and tokenizer.
 
@@ -100,6 +101,8 @@ def load_model(
         seed: seeds the initialisation of any newly created head.
         tokenizer: load the folder's tokenizer (text models).
         adapter_kwargs: extra arguments for the adapter (CLIP prompts, tower).
+        labels: the data's class names, named in the error when the checkpoint's classification
+            head has another number of labels.
     """
     os.environ["HF_HUB_OFFLINE"] = "1"
     import transformers
@@ -111,6 +114,8 @@ def load_model(
     cls_name = _CLASSES[model_type][1 if encoder_only else 0]
     cls = getattr(transformers, cls_name)
     config = transformers.AutoConfig.from_pretrained(path)
+    if num_labels is not None and not encoder_only:
+        _check_head_labels(path, config, num_labels, labels)
     if num_labels is not None and model_type == "bert" and not encoder_only:
         config.num_labels = num_labels
     heads = _pruned_heads(config)
@@ -131,6 +136,37 @@ def load_model(
     if tokenizer and model_type == "bert":
         tok = load_tokenizer(path)
     return LoadedModel(model=model, adapter=adapter, tokenizer=tok, path=path)
+
+
+def checkpoint_head(path: Path) -> int | None:
+    """Output size of the checkpoint's classification head (``classifier.*`` weights), None without one."""
+    from safetensors import safe_open
+
+    for f in sorted(Path(path).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), "pt") as st:
+                for key in st.keys():
+                    if key.startswith("classifier.") and key.endswith("weight"):
+                        return int(st.get_slice(key).get_shape()[0])
+        except (OSError, RuntimeError, ValueError):
+            return None  # unreadable weights: from_pretrained reports them
+    return None
+
+
+def _check_head_labels(path: Path, config, num_labels: int, labels: list[str] | None) -> None:
+    """A checkpoint whose classifier has another number of labels than the data: a clear error."""
+    size = checkpoint_head(path)
+    if size is None or size == num_labels or _pruned_heads(config) is not None:
+        return
+    id2label = getattr(config, "id2label", None) or {}
+    theirs = ", ".join(str(id2label.get(i, id2label.get(str(i), i))) for i in range(size))
+    ours = ", ".join(map(str, labels)) if labels else "?"
+    raise ModelError(
+        f"the checkpoint in '{path}' has a classification head for {size} labels ({theirs}) but the data has "
+        f"{num_labels} classes ({ours}).",
+        hint="Use data with the checkpoint's labels, or start from a checkpoint without a classification head "
+        "(the base encoder) so that a new head is trained for the data's classes.",
+    )
 
 
 def load_tokenizer(path: Path):
