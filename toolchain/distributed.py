@@ -91,6 +91,18 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+
+@contextlib.contextmanager
+def _tolerated(why: str) -> Iterator[None]:
+    """Run a best-effort step of failure handling or teardown; log (debug, with ``why``) instead of raise.
+
+    Its own failure must not hide the error being handled.
+    """
+    try:
+        yield
+    except Exception as exc:
+        log.debug("%s failed: %s: %s", why, type(exc).__name__, exc)
+
 T = TypeVar("T")
 
 TIMEOUT_ENV = "HYDRA_DIST_TIMEOUT_S"
@@ -218,13 +230,13 @@ def shutdown() -> None:
     """Destroy the process group (if this module created it and it is alive)."""
     dist = _dist()
     if _state.initialised_here and not _state.aborted and dist.is_initialized():
-        with contextlib.suppress(Exception):
+        with _tolerated("destroying the process group at shutdown (the job is ending anyway)"):
             dist.destroy_process_group()
     _state.initialised_here = False
 
 
 def _shutdown_at_exit() -> None:
-    with contextlib.suppress(Exception):
+    with _tolerated("shutting torch.distributed down at interpreter exit"):
         shutdown()
 
 
@@ -562,7 +574,9 @@ def _store() -> Any:
         base = c10d._get_default_store()
         while isinstance(base, _dist().PrefixStore):
             base = base.underlying_store
-    except Exception:
+    except Exception as exc:
+        log.debug("no rendezvous store (failures cannot be posted to the other ranks): %s: %s",
+                  type(exc).__name__, exc)
         return None
     _state.store = _prefixed(base)
     return _state.store
@@ -583,7 +597,8 @@ def _watch_store() -> Any:
         base = store.underlying_store
         clone = base.clone() if hasattr(base, "clone") else base
         return _prefixed(clone)
-    except Exception:
+    except Exception as exc:
+        log.debug("cannot clone the store for the watcher, sharing the main one: %s: %s", type(exc).__name__, exc)
         return store
 
 
@@ -599,7 +614,7 @@ def _read_error(store: Any) -> dict | None:
 def _ack(store: Any) -> None:
     if _state.acked or store is None:
         return
-    with contextlib.suppress(Exception):
+    with _tolerated("acknowledging another rank's error (it stops waiting after its timeout)"):
         store.add(_ACK_KEY, 1)
         _state.acked = True
 
@@ -624,7 +639,8 @@ def _remote_error(what: str, exc: BaseException | None, *, wait_s: float = 3.0) 
     while store is not None:
         try:
             info = _read_error(store)
-        except Exception:
+        except Exception as exc:
+            log.debug("stopped waiting for a posted error: the store is gone (%s: %s)", type(exc).__name__, exc)
             break
         if info is not None or time.monotonic() > deadline:
             break
@@ -661,8 +677,9 @@ def _abort() -> None:
         from torch.distributed import distributed_c10d as c10d
 
         c10d._abort_process_group()
-    except Exception:
-        with contextlib.suppress(Exception):
+    except Exception as exc:
+        log.debug("aborting the process group failed (%s: %s); destroying it instead", type(exc).__name__, exc)
+        with _tolerated("destroying the process group after a failed abort"):
             dist.destroy_process_group()
 
 
@@ -674,7 +691,7 @@ def _post_and_abort(exc: BaseException) -> None:
                          "exit_code": _exit_code_of(exc)})
     first = False
     if store is not None:
-        with contextlib.suppress(Exception):
+        with _tolerated("posting this rank's error to the store (the others see the collective fail instead)"):
             first = store.compare_set(_ERROR_KEY, "", record).decode() == record
             if not first:  # another rank failed first (e.g. everyone got SIGTERM): acknowledge its error
                 _ack(store)
@@ -687,7 +704,8 @@ def _post_and_abort(exc: BaseException) -> None:
         try:
             if store.add(_ACK_KEY, 0) >= _state.world - 1:
                 break
-        except Exception:
+        except Exception as exc:
+            log.debug("stopped waiting for acknowledgements: the store is gone (%s: %s)", type(exc).__name__, exc)
             break
         time.sleep(0.05)
 
@@ -707,7 +725,7 @@ def _handle_failure(exc: BaseException, what: str) -> BaseException:
     if isinstance(exc, KeyboardInterrupt):
         info = _state.remote
         if info is None:
-            with contextlib.suppress(Exception):
+            with _tolerated("reading another rank's posted error after an interrupt"):
                 info = _read_error(_store())
         if info is not None and info.get("rank") != _state.rank:
             _state.remote = info
@@ -730,7 +748,8 @@ def _start_watcher() -> None:
         while not stop.wait(WATCH_INTERVAL_S):
             try:
                 info = _read_error(store)
-            except Exception:
+            except Exception as exc:
+                log.debug("failure watcher stopped: the store is gone (%s: %s)", type(exc).__name__, exc)
                 return
             if info is None or info.get("rank") == me:
                 continue
