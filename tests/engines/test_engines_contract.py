@@ -108,7 +108,7 @@ def test_torch_runner_restores_training_flags():
 
 
 def test_registry():
-    assert runner_kinds() == ["onnxrt-cpu", "onnxrt-cuda", "tensorrt", "torch"]
+    assert runner_kinds() == ["onnxrt-cpu", "onnxrt-cpu-bf16emu", "onnxrt-cuda", "tensorrt", "torch"]
     with pytest.raises(EngineError, match="unknown runner kind 'trt'"):
         make_runner("trt")
 

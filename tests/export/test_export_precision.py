@@ -194,6 +194,24 @@ def test_fp16_clamps_out_of_range_constants_but_keeps_infinities():
     np.testing.assert_array_equal(out, [FP16_MAX, -FP16_MAX, 0.5, -np.inf])
 
 
+def test_bf16_clamps_float32_extremes_so_a_mask_fill_stays_finite():
+    # BERT's extended attention mask: (1 - mask) * finfo(float32).min; in BF16 the constant must not
+    # round to -inf (0 * -inf = NaN on every kept token)
+    fill = numpy_helper.from_array(np.array([np.finfo(np.float32).min, 1e38, -np.inf], dtype=np.float32), "fill")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "fill"], ["y"], name="mul")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], [fill])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = convert_precision(model, "bf16")
+    assert result.clamped_values == 1
+    converted = next(i for i in result.model.graph.initializer if i.data_type == TensorProto.BFLOAT16)
+    values = numpy_helper.to_array(converted).astype(np.float32)
+    assert values[0] == -float(ml_dtypes.finfo(ml_dtypes.bfloat16).max) and values[2] == -np.inf
+    out = reference_run(result.model, {"x": np.zeros(3, np.float32)})["y"]
+    assert np.isfinite(out[:2]).all() and np.isnan(out[2])  # a real infinity keeps its meaning
+
+
 def test_write_precision_variant_files(tmp_path, bert_onnx):
     dst = tmp_path / "bert_fp16.onnx"
     result = write_precision_variant(bert_onnx.path, dst, "fp16")

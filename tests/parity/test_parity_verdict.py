@@ -90,7 +90,7 @@ class TestFiles:
 
         report = json.loads(path.read_text(), parse_constant=no_constants)
         assert report["schema"] == SCHEMA and report["exit_code"] == 1 and report["status"] == "fail"
-        assert report["summary"] == {"checks": 2, "passed": 1, "failed": 1, "errors": 0}
+        assert report["summary"] == {"checks": 2, "passed": 1, "failed": 1, "errors": 0, "unresolved": 0}
         check = report["engines"]["ort.fp16"]["checks"][1]
         assert check["data"] == {"value": 0.25, "limit": 0.1, "nan": "NaN"}
         assert check["status"] == "fail" and check["kind"] == "numeric"

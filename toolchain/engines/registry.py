@@ -27,6 +27,12 @@ def _onnxrt_cpu(**kw: Any) -> Runner:
     return OnnxrtRunner(provider="cpu", **kw)
 
 
+def _onnxrt_cpu_bf16emu(**kw: Any) -> Runner:
+    from toolchain.engines.onnxrt.bf16emu import OnnxrtBf16EmuRunner
+
+    return OnnxrtBf16EmuRunner(**kw)
+
+
 def _onnxrt_cuda(**kw: Any) -> Runner:
     from toolchain.engines.onnxrt import OnnxrtRunner
 
@@ -42,6 +48,7 @@ def _tensorrt(**kw: Any) -> Runner:
 _REGISTRY: dict[str, Factory] = {
     "torch": _torch,
     "onnxrt-cpu": _onnxrt_cpu,
+    "onnxrt-cpu-bf16emu": _onnxrt_cpu_bf16emu,
     "onnxrt-cuda": _onnxrt_cuda,
     "tensorrt": _tensorrt,
 }
@@ -66,6 +73,7 @@ def make_runner(kind: str, **kw: Any) -> Runner:
 
         make_runner("torch", module=m, input_specs={"x": (np.float32, ("batch", 24, "time"))})
         make_runner("onnxrt-cpu", path=Path("model.onnx"), intra_op_threads=1)
+        make_runner("onnxrt-cpu-bf16emu", path=Path("model.bf16.onnx"))  # BF16 graph, exact BF16 rounding
         make_runner("tensorrt", engine_path=Path("model.engine"))
     """
     factory = _REGISTRY.get(kind)

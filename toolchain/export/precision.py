@@ -14,7 +14,9 @@ stages (modelled on TensorRT Model Optimizer's ``onnx/autocast``):
    graph inputs and outputs stay FP32;
 5. :func:`convert_initializers` - low-precision copies of the weights and ``Constant`` values
    that low-precision nodes read: FP16 by clamping to +-65504 then numpy's round-to-nearest-even,
-   BF16 by round-to-nearest-even on the FP32 bits (:func:`float32_to_bfloat16_bits`);
+   BF16 by clamping to the largest finite bfloat16 (+-3.3895e38; ``finfo(float32).min``, BERT's
+   attention-mask fill, would round to -inf and make ``0 * -inf`` NaN) then round-to-nearest-even
+   on the FP32 bits (:func:`float32_to_bfloat16_bits`);
 6. strict shape inference and ``onnx.checker`` (full) on the result.
 
 ONNX schemas limit the types: ``Conv`` accepts bfloat16 only from opset 22, so at opset 17 a BF16
@@ -61,6 +63,8 @@ log = logging.getLogger(__name__)
 
 Target = Literal["fp16", "bf16"]
 FP16_MAX = 65504.0
+#: largest finite bfloat16 (0x7F7F)
+BF16_MAX = 3.3895313892515355e38
 _PROTO_LIMIT = 2**31 - 1
 _SUFFIX = {"fp16": "fp16", "bf16": "bf16"}
 
@@ -110,9 +114,14 @@ def _low_tensor(array: np.ndarray, name: str, target: str) -> tuple[TensorProto,
         clamped = int(np.count_nonzero(finite & (np.abs(array) > FP16_MAX)))
         safe = np.where(finite, np.clip(array, -FP16_MAX, FP16_MAX), array)
         return numpy_helper.from_array(safe.astype(np.float16), name), clamped
-    bits = float32_to_bfloat16_bits(array)
+    # finite values beyond BF16's largest finite value would round to +-inf: BERT's attention-mask
+    # constant finfo(float32).min became -inf, and (1 - mask) * -inf is NaN on every kept token
+    finite = np.isfinite(array)
+    clamped = int(np.count_nonzero(finite & (np.abs(array) > BF16_MAX)))
+    safe = np.where(finite, np.clip(array, -BF16_MAX, BF16_MAX), array)
+    bits = float32_to_bfloat16_bits(safe)
     tensor = helper.make_tensor(name, TensorProto.BFLOAT16, array.shape, bits.astype("<u2").tobytes(), raw=True)
-    return tensor, 0
+    return tensor, clamped
 
 
 # ----------------------------------------------------------------------------------------- stages
@@ -245,7 +254,7 @@ def convert_initializers(graph: onnx.GraphProto, copies: Mapping[str, str], targ
     """Stage 4: materialise the low-precision copies of weights/``Constant`` values; drop unused FP32.
 
     Returns:
-        How many finite values were clamped to the FP16 range (always 0 for BF16).
+        How many finite values were clamped to the FP16 (+-65504) or BF16 (+-3.39e38) range.
     """
     inits = {i.name: i for i in graph.initializer}
     const_nodes = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}

@@ -57,6 +57,9 @@ Feed = Mapping[str, np.ndarray]
 RunnerFactory = Callable[[Path], Runner]
 
 
+_OK = ("pass", "unresolved")  # an unresolvable rank metric is no failure to rescue
+
+
 @dataclass
 class RescueResult:
     """What the rescue found and wrote."""
@@ -73,7 +76,7 @@ class RescueResult:
     @property
     def passed(self) -> bool:
         """True when the written variant passed every check."""
-        return bool(self.final_checks) and all(c.status == "pass" for c in self.final_checks)
+        return bool(self.final_checks) and all(c.status in _OK for c in self.final_checks)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the search log included)."""
@@ -104,8 +107,8 @@ class _Search:
             raise _BudgetSpent
         ordered = tuple(sorted(keep, key=self.rank.__getitem__))
         checks = self.evaluate(ordered)
-        ok = all(c.status == "pass" for c in checks)
-        failed = [c.name for c in checks if c.status != "pass"]
+        ok = all(c.status in _OK for c in checks)
+        failed = [c.name for c in checks if c.status not in _OK]
         self.cache[keep] = ok
         self.last_checks[keep] = checks
         self.log.append({"stage": stage, "kept": len(keep), "passed": ok, "failed_checks": failed[:10],
@@ -236,17 +239,17 @@ def rescue_precision(
             path = Path(tmp) / f"variant{next(counter)}.onnx"
             onnx.save_model(model, str(path))
             return check_candidate("candidate", factory(path), data, ref, tols, uq_tols,
-                                   uq_outputs=uq_outputs, n_bins=n_bins, cross_check=False)
+                                   uq_outputs=uq_outputs, n_bins=n_bins, cross_check=False, precision=target)
 
         search = _Search(evaluate, nodes, max_evaluations)
         search.passes((), "initial")
-        initial = [c for c in search.last_checks[frozenset()] if c.status != "pass"]
+        initial = [c for c in search.last_checks[frozenset()] if c.status not in _OK]
         if not initial:
             keep: list[str] = []
             log.info("rescue: the %s variant already passes; nothing kept", target)
         else:
             if not search.passes(nodes, "all-fp32"):
-                still = [f"{c.name}: {c.message}" for c in search.last_checks[frozenset(nodes)] if c.status != "pass"]
+                still = [f"{c.name}: {c.message}" for c in search.last_checks[frozenset(nodes)] if c.status not in _OK]
                 raise CheckFailed(
                     f"rescue: the {target} variant of {src.name} fails parity even with all {len(nodes)} candidate "
                     "nodes in FP32, so no FP32 node set can fix it (a wrong weight or op?): " + "; ".join(still[:5]))

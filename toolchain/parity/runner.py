@@ -195,6 +195,7 @@ def check_candidate(
     uq_outputs: UQOutputs | None = None,
     n_bins: int = 15,
     cross_check: bool = True,
+    precision: str = "fp32",
 ) -> list[Check]:
     """Every check of one candidate: ``run``, ``numeric/<output>`` and ``uq/<metric>``.
 
@@ -208,6 +209,8 @@ def check_candidate(
         uq_outputs: output names for the UQ report.
         n_bins: ECE bins.
         cross_check: also run Polygraphy's comparator and record its verdict.
+        precision: the candidate's precision: how far rounding can move each rank metric
+            (:mod:`toolchain.parity.resolution`; a rank metric it cannot resolve is ``unresolved``).
     """
     try:
         results, seconds = _infer_all(runner, data)
@@ -215,9 +218,9 @@ def check_candidate(
         return [_error_check(engine, exc)]
     labels = [label for _, label, _ in data.feeds()]
     cand_all = results["generated"] + results["id"] + results["ood"]
-    checks = [Check(engine, "run", "pass", f"ran {len(labels)} feeds in {seconds:.2f} s",
-                    {"feeds": len(labels), "seconds": seconds, "outputs": sorted(cand_all[0]) if cand_all else []},
-                    seconds)]
+    log.info("parity: %s ran %d feeds in %.2f s", engine, len(labels), seconds)
+    checks = [Check(engine, "run", "pass", f"ran {len(labels)} feeds",
+                    {"feeds": len(labels), "outputs": sorted(cand_all[0]) if cand_all else []}, seconds)]
 
     start = time.perf_counter()
     comparisons = compare_outputs(reference.all(), cand_all, labels, tolerances)
@@ -236,11 +239,11 @@ def check_candidate(
         start = time.perf_counter()
         try:
             _, metrics = uq_parity(reference.id, results["id"], data.id_labels, reference.ood, results["ood"],
-                                   uq_tolerances, names=uq_outputs, n_bins=n_bins)
+                                   uq_tolerances, names=uq_outputs, n_bins=n_bins, precision=precision)
         except ToolchainError as exc:
             return [*checks, _error_check(engine, exc)]
         elapsed = (time.perf_counter() - start) / max(1, len(metrics))
-        checks += [Check(engine, f"uq/{m.metric}", "pass" if m.passed else "fail", m.message(), m.to_dict(), elapsed)
+        checks += [Check(engine, f"uq/{m.metric}", m.status, m.message(), m.to_dict(), elapsed)  # type: ignore[arg-type]
                    for m in metrics]
     return checks
 
@@ -337,11 +340,11 @@ def run_parity(
     ref, problems = run_reference(reference, data)
     checks: list[Check] = list(problems)
     if ref is not None:
-        meta["reference_seconds"] = ref.seconds
+        log.info("parity: reference '%s' ran in %.2f s", ref_name, ref.seconds)  # timings: log only
         for engine, runner in candidates.items():
             log.info("parity: checking '%s' (%s)", engine, meta["precisions"][engine])
             found = check_candidate(engine, runner, data, ref, tols[engine], uq_tols, uq_outputs=uq_outputs,
-                                    n_bins=n_bins, cross_check=cross_check)
+                                    n_bins=n_bins, cross_check=cross_check, precision=meta["precisions"][engine])
             for check in found:
                 if check.status != "pass":
                     log.warning("parity %s %s: %s", check.engine, check.name, check.message)

@@ -126,6 +126,7 @@ AUROC by 0.006 on 200 samples.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from types import MappingProxyType
@@ -152,6 +153,7 @@ __all__ = [
     "parse_uq_tolerances",
     "resolve_metric_tolerance",
     "resolve_tolerance",
+    "within_limit",
 ]
 
 Stat = Literal["max", "mean", "median", "quantile"]
@@ -424,11 +426,32 @@ def evaluate_rule(candidate: np.ndarray, reference: np.ndarray, tol: Tolerance) 
     return RuleResult(bool(value <= 1.0), value, worst, None)
 
 
+#: float64 rounding allowance of :func:`within_limit`, in units of the operands' magnitude.
+ROUNDING_ULPS = 64
+
+
+def within_limit(delta: float, limit: float, *magnitudes: float) -> bool:
+    """``|delta| <= limit`` up to float64 rounding: a delta AT its limit passes.
+
+    Metrics are float64 values computed from counts and sums (FPR95 = k/n, accuracy = k/n,
+    AUROC = pairs/(n_pos*n_neg)), and ``delta = candidate - reference`` and ``limit = atol +
+    rtol*|ref|`` are rounded once more: ``0.05 - 0.1`` is ``-0.05000000000000000444``, so an
+    exact delta of 1/20 against a limit of 0.05 would fail on the last bit. The comparison
+    allows ``ROUNDING_ULPS`` (64) float64 ulps of the largest operand (~1.4e-14 for metrics in
+    [0, 1]): far below any metric's resolution (1/n, n < 1e12), so no real change is let through.
+    """
+    scale = max(1.0, abs(limit), *(abs(m) for m in magnitudes))
+    return abs(delta) <= limit + ROUNDING_ULPS * sys.float_info.epsilon * scale
+
+
 def evaluate_metric(reference: float, candidate: float, tol: MetricTolerance) -> tuple[bool, float, float]:
-    """``(passed, delta, limit)`` for one UQ metric; both NaN passes (e.g. failure AUROC undefined), one NaN fails."""
+    """``(passed, delta, limit)`` for one UQ metric; both NaN passes (e.g. failure AUROC undefined), one NaN fails.
+
+    ``passed`` is :func:`within_limit` (a delta exactly at the limit passes despite float rounding).
+    """
     ref_nan, cand_nan = math.isnan(reference), math.isnan(candidate)
     if ref_nan or cand_nan:
         return ref_nan and cand_nan, math.nan, tol.limit(0.0 if ref_nan else reference)
     delta = candidate - reference
     limit = tol.limit(reference)
-    return bool(abs(delta) <= limit), delta, limit
+    return within_limit(delta, limit, reference, candidate), delta, limit

@@ -11,6 +11,12 @@ Hydra model the mean of the members' softmax), else ``softmax(logits)``; ``membe
 [N, M, C]`` when present adds the mutual-information and disagreement OOD scores. When the
 candidate's outputs are not valid probabilities (NaN, rows not summing to 1), every metric fails
 with that reason (the metrics cannot be computed), so nothing is silently skipped.
+
+Rank metrics (``failure_auroc``, ``auroc_*``, ``aupr_*``, ``fpr95_*``) are judged against how far
+rounding at the candidate's precision can move them on these samples
+(:mod:`toolchain.parity.resolution`): a change larger than that always fails; when rounding alone
+can exceed the tolerance, a smaller change is reported as ``unresolved`` (not resolvable: neither
+pass nor fail, with the reason), and the numeric checks still gate the engine.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import numpy as np
 from toolchain.errors import ToolchainError
 from toolchain.metrics import report_keys, uq_report
 from toolchain.metrics._validation import MetricInputError
-from toolchain.parity.tolerances import MetricTolerance, evaluate_metric, resolve_metric_tolerance
+from toolchain.parity.resolution import RankResolution, rank_resolutions
+from toolchain.parity.tolerances import MetricTolerance, evaluate_metric, resolve_metric_tolerance, within_limit
 
 __all__ = ["MetricCheck", "UQOutputs", "gather_uq_inputs", "uq_parity"]
 
@@ -57,20 +64,32 @@ class MetricCheck:
     tolerance: MetricTolerance
     passed: bool
     reason: str = ""
+    resolvable: bool = True  # False: a rank metric rounding alone can move past its limit (not pass, not fail)
+    resolution: RankResolution | None = None
+
+    @property
+    def status(self) -> str:
+        """``pass``, ``fail`` or ``unresolved`` (a rank metric the precision cannot resolve on these samples)."""
+        if not self.resolvable:
+            return "unresolved"
+        return "pass" if self.passed else "fail"
 
     def message(self) -> str:
         """One line for CI, e.g. ``auroc_msp: 0.8123 -> 0.7990 (delta -0.0133, allowed +-0.005)``."""
-        if self.reason:
-            return f"{self.metric}: {'PASS' if self.passed else 'FAIL'}: {self.reason}"
-        verdict = "PASS" if self.passed else "FAIL"
-        return (f"{self.metric}: {verdict}: reference {self.reference:.6g} -> candidate {self.candidate:.6g} "
+        verdict = {"pass": "PASS", "fail": "FAIL", "unresolved": "NOT RESOLVABLE"}[self.status]
+        if self.reason and math.isnan(self.delta):
+            return f"{self.metric}: {verdict}: {self.reason}"
+        text = (f"{self.metric}: {verdict}: reference {self.reference:.6g} -> candidate {self.candidate:.6g} "
                 f"(delta {self.delta:+.4g}, allowed +-{self.limit:.4g} = {self.tolerance.atol:g} + "
                 f"{self.tolerance.rtol:g}*|ref|)")
+        return f"{text}: {self.reason}" if self.reason else text
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
         out = asdict(self)
         out["tolerance"] = self.tolerance.to_dict()
+        out["status"] = self.status
+        out["resolution"] = None if self.resolution is None else self.resolution.to_dict()
         return out
 
 
@@ -122,6 +141,7 @@ def uq_parity(
     *,
     names: UQOutputs | None = None,
     n_bins: int = 15,
+    precision: str = "fp32",
 ) -> tuple[dict[str, float], list[MetricCheck]]:
     """Compare every UQ metric of the candidate with the reference's.
 
@@ -134,6 +154,8 @@ def uq_parity(
         tolerances: metric (or family, or ``""``) -> :class:`MetricTolerance`.
         names: which outputs hold probabilities/logits/member logits.
         n_bins: ECE bins.
+        precision: the candidate's precision (``fp32`` | ``fp16`` | ``bf16``): how far rounding can
+            move each rank metric (:mod:`toolchain.parity.resolution`).
 
     Returns:
         ``(reference report, checks)``: one :class:`MetricCheck` per metric of the reference report.
@@ -150,6 +172,8 @@ def uq_parity(
     except MetricInputError as exc:
         raise ToolchainError(f"UQ parity: the reference's outputs cannot be scored: {exc}") from exc
     keys = list(ref_report)
+    resolutions = rank_resolutions(ref_id, labels, ref_ood, ref_mid if ref_mood is not None else None, ref_mood,
+                                   precision)
     try:
         cand_id, cand_mid = gather_uq_inputs(candidate_id, names, "candidate")
         cand_ood, cand_mood = gather_uq_inputs(candidate_ood, names, "candidate") if candidate_ood else (None, None)
@@ -173,9 +197,16 @@ def uq_parity(
             continue
         cand_val = float(cand_report[key])
         passed, delta, limit = evaluate_metric(ref_val, cand_val, tol)
-        reason = ""
+        reason, resolvable, res = "", True, resolutions.get(key)
         if math.isnan(ref_val) or math.isnan(cand_val):
             reason = ("undefined (NaN) for both" if passed else
                       f"reference {ref_val!r} vs candidate {cand_val!r}: one is undefined (NaN)")
-        checks.append(MetricCheck(key, ref_val, cand_val, delta, limit, tol, passed, reason))
+        elif res is not None and not res.resolvable(limit):
+            if within_limit(delta, res.bound, ref_val, cand_val):
+                resolvable, reason = False, "not resolvable: " + res.reason(limit)
+            else:
+                passed = False
+                reason = (f"the change exceeds even what rounding at {precision} can cause on these scores "
+                          f"({res.bound:.4g}; {res.reason(limit)})")
+        checks.append(MetricCheck(key, ref_val, cand_val, delta, limit, tol, passed, reason, resolvable, res))
     return ref_report, checks

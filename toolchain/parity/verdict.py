@@ -1,12 +1,14 @@
 """Parity verdicts as data: JSON report, JUnit XML, a Markdown summary and the exit code.
 
 A :class:`Verdict` is a list of :class:`Check` (one per engine x check: ``run``,
-``numeric/<output>``, ``uq/<metric>``), each ``pass``, ``fail`` or ``error``, with its message and
+``numeric/<output>``, ``uq/<metric>``), each ``pass``, ``fail``, ``error`` or ``unresolved`` (a
+rank metric that rounding at the candidate's precision can move past its tolerance on these
+samples: neither pass nor fail, see :mod:`toolchain.parity.resolution`), with its message and
 every number. Every failure is listed, never just the first.
 
 Exit code (:attr:`Verdict.exit_code`, raised by :meth:`Verdict.raise_for_status`):
 
-* 0 - every check passed;
+* 0 - every check passed (or is ``unresolved``);
 * 1 - at least one check failed (:class:`~toolchain.errors.CheckFailed`);
 * 2 - the run itself could not happen for at least one engine (missing engine file, bad input,
   a reference that produces NaN): :class:`~toolchain.errors.ToolchainError`. An incomplete gate
@@ -18,12 +20,14 @@ Files (:meth:`Verdict.write`, each written atomically: temporary file + ``os.rep
 ``report.json`` (schema ``hydra-toolchain/parity/1``), ``junit.xml`` (one ``<testsuite>`` per
 engine named ``parity.<engine>``, one ``<testcase classname="parity.<engine>" name="<check>">``
 per check, ``<failure message=...>`` / ``<error message=...>`` carrying the numbers) and
-``summary.md``.
+``summary.md``; an ``unresolved`` check is a ``<skipped message=...>`` test case in JUnit.
+
+The files are deterministic: the same checks give byte-identical files (no wall-clock timestamp,
+no durations; keys sorted). Timings stay on the :class:`Check` objects (``seconds``) and in the log.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import re
@@ -41,7 +45,7 @@ from toolchain.export.fileio import atomic_write_bytes
 __all__ = ["SCHEMA", "Check", "Verdict"]
 
 SCHEMA = "hydra-toolchain/parity/1"
-Status = Literal["pass", "fail", "error"]
+Status = Literal["pass", "fail", "error", "unresolved"]
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
 _MAX_MESSAGE = 2000
 
@@ -53,10 +57,10 @@ class Check:
     Args:
         engine: candidate name (``reference`` for problems with the reference itself).
         name: ``run``, ``numeric/<output>`` or ``uq/<metric>``.
-        status: ``pass`` | ``fail`` | ``error``.
+        status: ``pass`` | ``fail`` | ``error`` | ``unresolved``.
         message: one paragraph naming what broke and the numbers.
         data: every number and the tolerance (JSON-ready after :func:`jsonable`).
-        seconds: time spent (the engine's inference time for ``run``).
+        seconds: time spent (the engine's inference time for ``run``); kept in memory, not in the files.
         exit_code: for ``error``: 2 (the run could not happen) or 3 (missing optional component).
     """
 
@@ -74,10 +78,9 @@ class Check:
         return self.name.split("/", 1)[0]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
+        """JSON-ready dict (without ``seconds``: the report must not change between identical runs)."""
         return {"engine": self.engine, "name": self.name, "kind": self.kind, "status": self.status,
-                "message": self.message, "seconds": self.seconds, "exit_code": self.exit_code,
-                "data": jsonable(self.data)}
+                "message": self.message, "exit_code": self.exit_code, "data": jsonable(self.data)}
 
 
 def jsonable(value: Any) -> Any:
@@ -116,7 +119,6 @@ class Verdict:
     engines: list[str]
     checks: list[Check]
     meta: dict[str, Any] = field(default_factory=dict)
-    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
 
     # ---------------------------------------------------------------------------- status
     @property
@@ -130,8 +132,13 @@ class Verdict:
         return [c for c in self.checks if c.status == "error"]
 
     @property
+    def unresolved(self) -> list[Check]:
+        """Checks that ran but cannot be judged at this precision on these samples (neither pass nor fail)."""
+        return [c for c in self.checks if c.status == "unresolved"]
+
+    @property
     def passed(self) -> bool:
-        """True when every check passed (and there is at least one)."""
+        """True when no check failed or errored (and there is at least one); unresolved checks do not fail."""
         return bool(self.checks) and not self.failures and not self.errors
 
     @property
@@ -155,14 +162,18 @@ class Verdict:
 
     def headline(self) -> str:
         """One line: status, counts and where to look."""
-        n = len(self.checks)
-        return (f"parity {self.status.upper()} (exit {self.exit_code}): {n - len(self.failures) - len(self.errors)} "
-                f"passed, {len(self.failures)} failed, {len(self.errors)} errors over {len(self.engines)} engine(s) "
-                f"vs reference '{self.reference}'")
+        n = len(self.checks) - len(self.failures) - len(self.errors) - len(self.unresolved)
+        return (f"parity {self.status.upper()} (exit {self.exit_code}): {n} passed, {len(self.failures)} failed, "
+                f"{len(self.errors)} errors, {len(self.unresolved)} not resolvable over {len(self.engines)} "
+                f"engine(s) vs reference '{self.reference}'")
 
     def problems(self) -> list[str]:
         """Every failure and error, one line each: ``engine check: message``."""
-        return [f"[{c.status}] {c.engine} {c.name}: {c.message}" for c in self.checks if c.status != "pass"]
+        return [f"[{c.status}] {c.engine} {c.name}: {c.message}" for c in self.checks if c.status in ("fail", "error")]
+
+    def notes(self) -> list[str]:
+        """Every unresolved check, one line each, with the reason."""
+        return [f"[unresolved] {c.engine} {c.name}: {c.message}" for c in self.unresolved]
 
     def raise_for_status(self) -> None:
         """Raise the exception whose exit code matches :attr:`exit_code`; return on a pass."""
@@ -187,11 +198,13 @@ class Verdict:
             engines[engine] = {"status": status, "checks": [c.to_dict() for c in checks]}
         other = [c.to_dict() for c in self.checks if c.engine not in self.engines]
         return jsonable({
-            "schema": SCHEMA, "created": self.created, "status": self.status, "exit_code": self.exit_code,
+            "schema": SCHEMA, "status": self.status, "exit_code": self.exit_code,
             "reference": self.reference, "summary": {
-                "checks": len(self.checks), "passed": len(self.checks) - len(self.failures) - len(self.errors),
-                "failed": len(self.failures), "errors": len(self.errors)},
-            "engines": engines, "other_checks": other, "problems": self.problems(), "meta": self.meta,
+                "checks": len(self.checks),
+                "passed": len(self.checks) - len(self.failures) - len(self.errors) - len(self.unresolved),
+                "failed": len(self.failures), "errors": len(self.errors), "unresolved": len(self.unresolved)},
+            "engines": engines, "other_checks": other, "problems": self.problems(), "unresolved": self.notes(),
+            "meta": self.meta,
         })
 
     def to_junit_xml(self) -> str:
@@ -199,15 +212,15 @@ class Verdict:
         groups = list(self.engines) + sorted({c.engine for c in self.checks} - set(self.engines))
         root = ET.Element("testsuites", {
             "name": "hydra-toolchain parity", "tests": str(len(self.checks)), "failures": str(len(self.failures)),
-            "errors": str(len(self.errors)), "time": f"{sum(c.seconds for c in self.checks):.3f}",
+            "errors": str(len(self.errors)), "skipped": str(len(self.unresolved)),
         })
         for engine in groups:
             checks = self.engine_checks(engine)
             suite = ET.SubElement(root, "testsuite", {
                 "name": _classname(engine), "tests": str(len(checks)),
                 "failures": str(sum(c.status == "fail" for c in checks)),
-                "errors": str(sum(c.status == "error" for c in checks)), "skipped": "0",
-                "time": f"{sum(c.seconds for c in checks):.3f}", "timestamp": self.created,
+                "errors": str(sum(c.status == "error" for c in checks)),
+                "skipped": str(sum(c.status == "unresolved" for c in checks)),
             })
             props = ET.SubElement(suite, "properties")
             for key, value in (("reference", self.reference),
@@ -215,8 +228,11 @@ class Verdict:
                 ET.SubElement(props, "property", {"name": key, "value": _xml_text(value)})
             for check in checks:
                 case = ET.SubElement(suite, "testcase", {
-                    "classname": _classname(engine), "name": check.name, "time": f"{check.seconds:.3f}"})
-                if check.status != "pass":
+                    "classname": _classname(engine), "name": check.name})
+                if check.status == "unresolved":
+                    ET.SubElement(case, "skipped", {"message": _xml_text(check.message, _MAX_MESSAGE)}).text = \
+                        _xml_text(json.dumps(jsonable(check.data), indent=1, sort_keys=True))
+                elif check.status != "pass":
                     tag = "failure" if check.status == "fail" else "error"
                     node = ET.SubElement(case, tag, {
                         "message": _xml_text(check.message, _MAX_MESSAGE),
@@ -239,14 +255,19 @@ class Verdict:
             for kind in ("run", "numeric", "uq"):
                 sub = [c for c in checks if c.kind == kind]
                 ok = sum(c.status == "pass" for c in sub)
-                cells.append(f"{ok}/{len(sub)}" if sub else "-")
+                unresolved = sum(c.status == "unresolved" for c in sub)
+                cells.append((f"{ok}/{len(sub)}" + (f" ({unresolved} not resolvable)" if unresolved else ""))
+                             if sub else "-")
             status = "error" if any(c.status == "error" for c in checks) else (
                 "**FAIL**" if any(c.status == "fail" for c in checks) else "pass")
             lines.append(f"| {engine} | {precisions.get(engine, '')} | " + " | ".join(cells) + f" | {status} |")
-        problems = [c for c in self.checks if c.status != "pass"]
+        problems = [c for c in self.checks if c.status in ("fail", "error")]
         if problems:
             lines += ["", "### Failures and errors", ""]
             lines += [f"- **{c.engine}** `{c.name}` ({c.status}): {c.message}" for c in problems]
+        if self.unresolved:
+            lines += ["", "### Not resolvable (neither pass nor fail; the numeric checks still gate)", ""]
+            lines += [f"- **{c.engine}** `{c.name}`: {c.message}" for c in self.unresolved]
         return "\n".join(lines) + "\n"
 
     def write(self, out_dir: Path) -> dict[str, Path]:

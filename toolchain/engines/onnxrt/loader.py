@@ -8,10 +8,12 @@ interleaved benchmarks of several runners on one machine.
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from toolchain.errors import EngineError, GraphError, MissingDependencyError
+from toolchain.errors import EngineError, GraphError, MissingDependencyError, ToolchainError
 
 OptLevel = Literal["disable", "basic", "extended", "layout", "all"]
 Provider = Literal["cpu", "cuda"]
@@ -23,6 +25,7 @@ _LEVELS = {
     "all": "ORT_ENABLE_ALL",
 }
 _PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+_PROTO_LIMIT = 2**31 - 1 - (16 << 20)  # protobuf's 2 GiB limit, less headroom for the serialised envelope
 
 
 def build_session_options(
@@ -91,14 +94,24 @@ class SessionFromOnnx:
         self.provider = provider
         self.options = options
 
-    def __call__(self) -> Any:
-        """Build the session; a bad file raises GraphError naming it."""
+    def __call__(self, transform: Callable[[Any], Any] | None = None) -> Any:
+        """Build the session; a bad file raises GraphError naming it.
+
+        Args:
+            transform: ``ModelProto -> ModelProto`` applied to the loaded graph (weights included)
+                before the session is built from it, e.g. :func:`~toolchain.engines.onnxrt.bf16emu.emulate_bf16`.
+        """
         import onnxruntime as ort
 
         providers = providers_for(self.provider)
         options = build_session_options(**self.options)
         try:
-            session = ort.InferenceSession(str(self.path), options, providers=providers)
+            if transform is None:
+                session = ort.InferenceSession(str(self.path), options, providers=providers)
+            else:
+                session = self._transformed_session(transform, options, providers)
+        except ToolchainError:  # the transform's own clear message (GraphError from load_checked, the rewrite)
+            raise
         except Exception as exc:  # ORT raises pybind11 types; diagnose the file for a clear message
             from toolchain.export.graph import load_checked
 
@@ -110,3 +123,18 @@ class SessionFromOnnx:
                 "driver?); check nvidia-smi and the onnxruntime-gpu CUDA version."
             )
         return session
+
+    def _transformed_session(self, transform: Callable[[Any], Any], options: Any, providers: list[str]) -> Any:
+        import onnxruntime as ort
+
+        from toolchain.export.graph import load_checked
+
+        model = transform(load_checked(self.path))
+        if model.ByteSize() < _PROTO_LIMIT:
+            return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+        import onnx
+
+        with tempfile.TemporaryDirectory(prefix="hydra-ort-") as tmp:  # > 2 GB: weights in an external file
+            path = Path(tmp) / self.path.name
+            onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data")
+            return ort.InferenceSession(str(path), options, providers=providers)
