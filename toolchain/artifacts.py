@@ -194,6 +194,11 @@ class StageDir:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
+def read_json(path: Path) -> Any:
+    """Parse a JSON file."""
+    return json.loads(Path(path).read_text())
+
+
 def read_manifest(folder: Path) -> dict[str, Any] | None:
     """The folder's manifest, or ``None`` when absent or unreadable."""
     path = Path(folder) / MANIFEST

@@ -44,13 +44,13 @@ def _main(debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")
 
 
 def _context(recipe: Path, profile: str | None, force: list[str] | None = None):
-    from toolchain.pipeline import STAGES, Context
+    from toolchain.pipeline import Context, stages
     from toolchain.recipe import load_recipe
 
     forced = frozenset(force or [])
-    unknown = forced - set(STAGES)
+    unknown = forced - set(stages())
     if unknown:
-        raise ToolchainError(f"--force: unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(STAGES)}).")
+        raise ToolchainError(f"--force: unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(stages())}).")
     loaded = _resolve_data_files(load_recipe(recipe, profile=profile), Path(recipe).resolve().parent)
     return Context(recipe=loaded, console=console, force=forced)
 

@@ -59,26 +59,54 @@ class Stage:
     summary: str
     #: bumped when the stage's code changes what it writes: a new version is a new cache key
     version: int = 1
+    #: every rank runs it under torch.distributed (it splits its work over the ranks); the other
+    #: stages run on rank 0 only while the other ranks wait
+    distributed: bool = False
+    #: checks run once the stage's output is there, whether it ran or was up to date
+    after: Callable[[Context], None] | None = None
 
 
+#: the registry, filled by the stage modules (:data:`STAGE_PACKAGE`) as they are imported
 STAGES: dict[str, Stage] = {}
+
+#: where the stages live; imported on first use (plugin discovery: this module imports no stage)
+STAGE_PACKAGE = "toolchain.stages"
 
 #: batches per length group when training batches are grouped by token length (Context.batches)
 LENGTH_GROUP = 50
 
-#: stages that every rank runs under torch.distributed (they split their work over the ranks);
-#: the other stages run on rank 0 only while the other ranks wait
-DISTRIBUTED_STAGES = frozenset({"score", "prune", "ensemble"})
 
-
-def stage(name: str, sections: tuple[str, ...], upstream: tuple[str, ...], summary: str, version: int = 1):
-    """Register a stage function under ``name`` (``version``: see :attr:`Stage.version`)."""
+def stage(name: str, sections: tuple[str, ...], upstream: tuple[str, ...], summary: str, version: int = 1,
+          distributed: bool = False, after: Callable[[Context], None] | None = None):
+    """Register a stage function under ``name`` (see :class:`Stage` for the fields)."""
 
     def wrap(fn: Callable[[Context, Path], dict[str, Any]]) -> Callable[[Context, Path], dict[str, Any]]:
-        STAGES[name] = Stage(name, sections, upstream, fn, summary, version)
+        STAGES[name] = Stage(name, sections, upstream, fn, summary, version, distributed, after)
         return fn
 
     return wrap
+
+
+def stages() -> dict[str, Stage]:
+    """Every registered stage, in run order (importing :data:`STAGE_PACKAGE` on first use)."""
+    if not STAGES:
+        import importlib
+
+        importlib.import_module(STAGE_PACKAGE)
+    return {name: STAGES[name] for name in run_order(STAGES)}
+
+
+def run_order(registry: dict[str, Stage]) -> list[str]:
+    """A topological order of ``registry`` by ``upstream`` (ties: registration order); a cycle is an error."""
+    done: list[str] = []
+    left = list(registry)
+    while left:
+        ready = next((n for n in left if all(u in done for u in registry[n].upstream if u in registry)), None)
+        if ready is None:
+            raise ToolchainError(f"the stages {', '.join(left)} depend on each other in a cycle.")
+        done.append(ready)
+        left.remove(ready)
+    return done
 
 
 def _split_sizes(sizes: dict[str, float]) -> dict[str, int | float]:
@@ -106,7 +134,7 @@ class Context:
 
     def key(self, name: str) -> str:
         """Cache key of stage ``name`` (recipe sections + seed + data and model content + upstream keys)."""
-        st = STAGES[name]
+        st = stages()[name]
         h = hashlib.sha256()
         h.update(name.encode())
         if st.version > 1:  # version 1 keeps the keys of artifacts written before versions existed
@@ -259,10 +287,10 @@ class Context:
 
 def run_pipeline(ctx: Context, until: str | None = None, only: list[str] | None = None) -> dict[str, str]:
     """Run the stages in order (up to ``until``, or just ``only``); returns stage -> status."""
-    names = list(STAGES)
+    names = list(stages())
     if until is not None:
-        if until not in STAGES:
-            raise ToolchainError(f"unknown stage '{until}' (stages: {', '.join(STAGES)}).")
+        if until not in names:
+            raise ToolchainError(f"unknown stage '{until}' (stages: {', '.join(names)}).")
         names = names[: names.index(until) + 1]
     if only is not None:
         names = [n for n in names if n in only]
@@ -275,9 +303,8 @@ def run_pipeline(ctx: Context, until: str | None = None, only: list[str] | None 
         dist.barrier(what="taking the artifacts lock")
         for name in names:
             status[name] = _run_stage(ctx, name)
-            if name == "load":  # checks that need the model, also when the load stage was cached
-                summary = stage_manifest(ctx, "load").get("summary", {})
-                check_recipe_against_model(ctx.recipe, summary["heads_per_layer"])
+            if STAGES[name].after is not None:  # e.g. checks that need the model, also when cached
+                STAGES[name].after(ctx)
     return status
 
 
@@ -313,7 +340,7 @@ def _run_stage(ctx: Context, name: str) -> str:
         ctx.console.print(f"[dim]- {name}: up to date, skipped[/dim]")
         return "skipped"
     ctx.console.print(f"[bold]> {name}[/bold]: {st.summary}")
-    if dist.enabled() and name not in DISTRIBUTED_STAGES:
+    if dist.enabled() and not st.distributed:
         if main:
             with dist.local_only():
                 _build_and_publish(ctx, st, sd, sd.begin())
@@ -357,6 +384,16 @@ def stage_manifest(ctx: Context, name: str) -> dict[str, Any]:
     return manifest
 
 
+def same_stage_files(ctx: Context, a: tuple[str, str], b: tuple[str, str]) -> bool:
+    """Whether two stage folders hold the same files (by the stages' manifests' sha256): ``(stage, folder)``."""
+    def files(stage_name: str, folder: str) -> dict[str, str]:
+        listed = stage_manifest(ctx, stage_name).get("files", {})
+        return {k.removeprefix(folder + "/"): v for k, v in listed.items() if k.startswith(folder + "/")}
+
+    fa = files(*a)
+    return bool(fa) and fa == files(*b)
+
+
 def set_seed(seed: int) -> None:
     """Seed torch, numpy and Python's hash-independent RNGs."""
     torch.manual_seed(seed)
@@ -383,6 +420,3 @@ def check_recipe_against_model(recipe: Recipe, heads_per_layer: list[int]) -> No
             f"field 'pruning.budget': {budget} is below the floor of {floor} head(s) x {len(heads_per_layer)} layers."
         )
 
-
-# The stage functions live in toolchain/stages.py (imported for registration).
-from toolchain import stages as _stages  # noqa: E402,F401

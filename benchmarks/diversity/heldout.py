@@ -87,7 +87,7 @@ def heldout_splits(ctx: Any, id_rows: int) -> tuple[Any, Any, dict[str, Any]]:
 
 def stage_folder(ctx: Any, name: str) -> Path:
     """The folder holding stage ``name`` for this recipe: its own, or a compare variant's with the same key."""
-    from toolchain.stages import read_json
+    from toolchain.artifacts import read_json
 
     want = ctx.key(name)
     for cand in [ctx.stage_dir(name), *sorted((ctx.root / "variants").glob(f"*/{name}"))]:
@@ -107,14 +107,16 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     from rich.console import Console
 
-    from toolchain.artifacts import atomic_write_json, atomic_write_text
+    from toolchain.artifacts import atomic_write_json, atomic_write_text, read_json
     from toolchain.hydra.fuse import load_hydra
+    from toolchain.inference import module_outputs
     from toolchain.metrics import ensemble_probs, uq_report
     from toolchain.models.wrappers import SingleModel
     from toolchain.pipeline import Context
+    from toolchain.pruning.diversity import ensemble_diversity
     from toolchain.recipe import load_recipe
     from toolchain.report import gain_cell
-    from toolchain.stages import _outputs, ensemble_diversity, load_stage_model, read_json
+    from toolchain.stages import load_stage_model
 
     console = Console(stderr=True)
     recipe = load_recipe(args.recipe, profile=args.profile)
@@ -129,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(model: Any, what: str) -> dict[str, dict[str, np.ndarray]]:
         t = time.time()
-        out = {"id": _outputs(ctx, model, id_part, tok, names), "ood": _outputs(ctx, model, ood_part, tok, names)}
+        out = {"id": module_outputs(ctx, model, id_part, tok, names),
+               "ood": module_outputs(ctx, model, ood_part, tok, names)}
         console.print(f"  {what}: {len(id_part) + len(ood_part)} rows in {time.time() - t:.0f} s")
         return out
 

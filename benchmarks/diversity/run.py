@@ -150,11 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from rich.console import Console
 
-    from toolchain.artifacts import atomic_write_json, atomic_write_text
+    from toolchain.artifacts import atomic_write_json, atomic_write_text, read_json
     from toolchain.pipeline import Context, run_pipeline
     from toolchain.recipe import CompareEntry, load_recipe
     from toolchain.report import gain_cell
-    from toolchain.stages import VARIANT_STAGES, VariantContext, read_json
+    from toolchain.stages import VARIANT_STAGES, VariantContext
 
     console = Console(stderr=True)
     recipe = load_recipe(args.recipe, profile=args.profile)

@@ -11,9 +11,9 @@ import yaml
 
 from toolchain.data import load_tokenizer
 from toolchain.data.containers import TextData
+from toolchain.inference import module_outputs, predict
 from toolchain.pipeline import LENGTH_GROUP, STAGES, Context
 from toolchain.recipe import parse_recipe
-from toolchain.stages import _outputs, predict
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,7 +103,7 @@ def test_inference_in_length_order_returns_rows_in_the_split_order(tmp_path, tok
     model = BertForSequenceClassification(cfg).eval()
     adapter = adapter_for(model)
     with torch.no_grad():
-        got = _outputs(ctx, SingleModel(adapter), "val", tok, list(adapter.input_names), batch_size=16)
+        got = module_outputs(ctx, SingleModel(adapter), "val", tok, list(adapter.input_names), batch_size=16)
         one_by_one = torch.cat([adapter.logits(b) for b, _ in ctx.batches(part, 1, tok)]).numpy()
     assert got["logits"].shape == (70, 3)
     np.testing.assert_allclose(got["logits"], one_by_one, atol=1e-5)

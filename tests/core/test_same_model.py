@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from toolchain.pipeline import Context
+from toolchain.pipeline import Context, same_stage_files
 from toolchain.recipe import load_recipe
-from toolchain.stages import _same_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,15 +25,15 @@ def test_member0_is_the_single_model_when_every_file_hash_matches(tmp_path):
     model = {"config.json": "a1", "model.safetensors": "b2"}
     ctx = _ctx(tmp_path, {"metrics.json": "x", **{f"model/{k}": v for k, v in model.items()}},
                {**{f"member0/{k}": v for k, v in model.items()}, "member1/model.safetensors": "c3"})
-    assert _same_model(ctx, ("finetune", "model"), ("ensemble", "member0"))
-    assert not _same_model(ctx, ("finetune", "model"), ("ensemble", "member1"))
+    assert same_stage_files(ctx, ("finetune", "model"), ("ensemble", "member0"))
+    assert not same_stage_files(ctx, ("finetune", "model"), ("ensemble", "member1"))
 
 
 def test_a_differing_or_missing_file_means_not_the_same(tmp_path):
     ctx = _ctx(tmp_path, {"model/config.json": "a1", "model/model.safetensors": "b2"},
                {"member0/config.json": "a1", "member0/model.safetensors": "zz"})
-    assert not _same_model(ctx, ("finetune", "model"), ("ensemble", "member0"))
+    assert not same_stage_files(ctx, ("finetune", "model"), ("ensemble", "member0"))
     ctx2 = _ctx(tmp_path / "2", {"model/config.json": "a1", "model/model.safetensors": "b2"},
                 {"member0/config.json": "a1"})
-    assert not _same_model(ctx2, ("finetune", "model"), ("ensemble", "member0"))
-    assert not _same_model(ctx2, ("finetune", "nothing"), ("ensemble", "nothing"))
+    assert not same_stage_files(ctx2, ("finetune", "model"), ("ensemble", "member0"))
+    assert not same_stage_files(ctx2, ("finetune", "nothing"), ("ensemble", "nothing"))

@@ -13,9 +13,24 @@ from toolchain.engines import make_runner
 from toolchain.errors import CheckFailed
 from toolchain.export import convert_precision, export_onnx
 from toolchain.parity import ReferenceEvaluatorRunner, rescue_precision, run_parity
-from toolchain.parity.calibrate import RsqrtLayerNormNet, perturb_initializer
 
 AXES = {"x": {0: "batch"}, "logits": {0: "batch"}, "probs": {0: "batch"}}
+
+
+def _calibrate_script():
+    """``benchmarks/parity_tolerances/calibrate.py`` (the measurements behind the default tolerances)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "parity_tolerances" / "calibrate.py"
+    spec = importlib.util.spec_from_file_location("parity_calibrate", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_CAL = _calibrate_script()
+RsqrtLayerNormNet, perturb_initializer = _CAL.RsqrtLayerNormNet, _CAL.perturb_initializer
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ recorded cross-check.
 
 Default tolerances and the measurements behind them
 ---------------------------------------------------
-Reproduce with ``python -m toolchain.parity.calibrate`` (about 20 min on 2 CPU threads). Reference:
+Reproduce with ``python benchmarks/parity_tolerances/calibrate.py`` (about 20 min on 2 CPU threads). Reference:
 the FP32 graph on ONNX Runtime CPU. Models: the tiny BERT and tiny ViT of ``toolchain.models.tiny``
 (SingleModel, 64 samples at 2 shapes); a ViT (4 layers x 4 heads, hidden 64) trained on
 Fashion-MNIST for up to one epoch / 240 s (76.7% test accuracy in the run quoted), on 128
@@ -258,7 +258,7 @@ class MetricTolerance:
 
 # ------------------------------------------------------------------------------------ defaults
 
-# Chosen from the measurements in the module docstring (python -m toolchain.parity.calibrate).
+# Chosen from the measurements in the module docstring (python benchmarks/parity_tolerances/calibrate.py).
 # The "" default of each precision is the logits rule: unknown outputs are treated like logits.
 _DEFAULTS: dict[str, dict[str, Tolerance]] = {
     "fp32": {

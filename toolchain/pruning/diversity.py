@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from itertools import combinations
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["jaccard", "pairwise_jaccard", "pairwise_kl", "prediction_disagreement"]
@@ -128,3 +129,17 @@ def pairwise_kl(member_logits: torch.Tensor) -> dict[str, Any]:
     kl = kl.clamp_min(0.0)  # KL >= 0; rounding can give about -1e-17 for equal members
     kl.fill_diagonal_(0.0)
     return {"mean": float(kl.sum()) / (n_members * (n_members - 1)), "matrix": kl.tolist()}
+
+
+def ensemble_diversity(member_logits_id: np.ndarray, labels: np.ndarray,
+                       member_logits_ood: np.ndarray | None, seed: int) -> dict[str, Any]:
+    """Disagreement, pairwise KL and the ensemble gain (paired-bootstrap 95% CIs) of ``[N, M, C]`` logits."""
+    from toolchain.metrics.gain import ensemble_gain
+
+    by_member = torch.as_tensor(np.ascontiguousarray(member_logits_id.transpose(1, 0, 2)))
+    dis = prediction_disagreement(by_member)
+    return {
+        "disagreement": {k: v for k, v in dis.items() if k != "ensemble_pred"},
+        "kl": pairwise_kl(by_member),
+        "gain": ensemble_gain(member_logits_id, labels, member_logits_ood, seed=seed),
+    }

@@ -1,4 +1,4 @@
-"""Measurements behind the default tolerances (``python -m toolchain.parity.calibrate``).
+"""Measurements behind the default tolerances (``python benchmarks/parity_tolerances/calibrate.py``).
 
 Not imported by the gate. It measures, against the FP32 graph run by ONNX Runtime CPU:
 

@@ -1,0 +1,272 @@
+"""Helpers the stages share (not a stage).
+
+The base model, training, calibration data, Hydra building, feeds, compare-variant contexts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from toolchain.artifacts import read_json
+from toolchain.errors import RecipeError
+from toolchain.inference import evaluate_accuracy
+from toolchain.models import ModelAdapter, adapter_for, load_model
+from toolchain.pipeline import Context, set_seed
+
+
+def build_base_model(ctx: Context) -> tuple[torch.nn.Module, ModelAdapter, Any]:
+    """The starting model: a checkpoint, or a model built from ``model.from_config``.
+
+    Returns ``(model, adapter, tokenizer)``; the tokenizer is ``None`` for image models.
+    """
+    r = ctx.recipe
+    n_classes = len(ctx.class_names)
+    set_seed(r.seed)
+    if r.model.from_config is not None:
+        import transformers
+
+        family = r.model.family
+        cfg_cls = {"bert": "BertConfig", "vit": "ViTConfig", "clip": "CLIPConfig"}[family]
+        model_cls = {"bert": "BertForSequenceClassification", "vit": "ViTForImageClassification",
+                     "clip": "CLIPModel"}[family]
+        cfg_args = dict(r.model.from_config)
+        if family in ("bert", "vit"):
+            cfg_args["num_labels"] = n_classes
+        config = getattr(transformers, cfg_cls)(**cfg_args)
+        model = getattr(transformers, model_cls)(config).eval()
+        tokenizer = None
+        kwargs: dict[str, Any] = {}
+        if family == "clip":
+            tokenizer = prompt_tokenizer(ctx)
+            kwargs["prompts"] = clip_prompts(ctx, tokenizer)
+        return model, adapter_for(model, **kwargs), (tokenizer if family == "bert" else None)
+    loaded = load_model(r.model.source, num_labels=n_classes, seed=r.seed, labels=ctx.class_names)
+    return loaded.model, loaded.adapter, loaded.tokenizer
+
+
+def prompt_tokenizer(ctx: Context) -> Any:
+    """The tokenizer of ``model.source`` that CLIP's class prompts are written with."""
+    from toolchain.models import load_tokenizer, resolve_source
+
+    if ctx.recipe.model.source is None:
+        raise RecipeError("field 'model.source': CLIP needs a tokenizer for its class prompts (e.g. "
+                          "'packaged:all-MiniLM-L6-v2').")
+    return load_tokenizer(resolve_source(ctx.recipe.model.source))
+
+
+def clip_prompts(ctx: Context, tokenizer: Any) -> dict[str, torch.Tensor]:
+    """Tokenised class prompts (``model.prompt_template``) for CLIP's zero-shot head."""
+    texts = [ctx.recipe.model.prompt_template.format(c) for c in ctx.class_names]
+    enc = tokenizer(texts, padding=True, truncation=True, max_length=16, return_tensors="pt")
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Number of parameters."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def adapter_kwargs(adapter: ModelAdapter) -> dict[str, Any]:
+    """What a copy of ``adapter`` needs to be rebuilt (CLIP prompts, tower)."""
+    return adapter.clone_kwargs()
+
+
+def train_classifier(ctx: Context, seed: int, desc: str,
+                     process_group: Any = None) -> tuple[torch.nn.Module, ModelAdapter, Any, dict]:
+    """A fresh base model fine-tuned on the training split with ``seed`` (data order, head init).
+
+    ``process_group``: train data-parallel over that group of ranks (see :mod:`toolchain.distributed`).
+    """
+    from toolchain.pruning.finetune import finetune
+
+    r = ctx.recipe
+    set_seed(seed)
+    model, adapter, tok = build_base_model(ctx) if seed == r.seed else reseeded_base(ctx, seed)
+    # the deep-ensemble members record the same fields: equal budget, only the seed differs
+    info: dict[str, Any] = {"seed": seed, "steps": r.finetune.steps, "lr": r.finetune.lr,
+                            "batch_size": r.finetune.batch_size, "weight_decay": r.finetune.weight_decay,
+                            "schedule": "AdamW, linear warm-up + linear decay"}
+    if r.finetune.steps > 0:
+        ctx.console.print(f"  {desc}: {r.finetune.steps} steps, batch {r.finetune.batch_size}, lr {r.finetune.lr}")
+        hist = finetune(
+            model, adapter,
+            lambda bs, s: ctx.batches(ctx.data["train"], bs, tok, seed=s, group_by_length=r.finetune.group_by_length),
+            steps=r.finetune.steps, lr=r.finetune.lr, batch_size=r.finetune.batch_size, seed=seed,
+            weight_decay=r.finetune.weight_decay, progress=ctx.progress, process_group=process_group,
+        )
+        info["loss_first"], info["loss_last"] = hist["losses"][0], hist["losses"][-1]
+    info["val_accuracy"] = evaluate_accuracy(ctx, adapter, "val", tok)
+    return model, adapter, tok, info
+
+
+def reseeded_base(ctx: Context, seed: int) -> tuple[torch.nn.Module, ModelAdapter, Any]:
+    """The base model with its new head (or from-config weights) initialised from ``seed``."""
+    from dataclasses import replace
+
+    other = replace(ctx, recipe=ctx.recipe.model_copy(update={"seed": seed}))
+    other.__dict__["data"] = ctx.data  # same splits: only the initialisation differs
+    return build_base_model(other)
+
+
+def load_stage_model(ctx: Context, folder: Path) -> tuple[torch.nn.Module, ModelAdapter, Any]:
+    """Reload a model saved by a stage (with the CLIP prompts when needed)."""
+    kwargs: dict[str, Any] = {}
+    tok = None
+    if ctx.recipe.model.family == "clip":
+        tok = prompt_tokenizer(ctx)
+        kwargs["prompts"] = clip_prompts(ctx, tok)
+    loaded = load_model(folder, adapter_kwargs=kwargs, tokenizer=ctx.recipe.model.family != "clip")
+    return loaded.model, loaded.adapter, loaded.tokenizer
+
+
+def criterion_params_for(ctx: Context, criterion: str, heads_per_layer: list[int]) -> dict[str, Any]:
+    """Recipe fields -> the criterion's keyword parameters."""
+    from toolchain.scoring.registry import criterion_params
+
+    s, p = ctx.recipe.scoring, ctx.recipe.pruning
+    wanted = criterion_params(criterion)
+    out: dict[str, Any] = {}
+    if "alpha" in wanted:
+        out["alpha"] = s.alpha
+    if "norm_scope" in wanted:
+        out["norm_scope"] = s.normalize
+    if "seed" in wanted:
+        out["seed"] = ctx.recipe.seed
+    if "objective" in wanted:
+        out["objective"] = s.objective
+    if "n_heads" in wanted:
+        layers, heads = len(heads_per_layer), max(heads_per_layer)
+        kept = p.budget if p.budget is not None else round((1 - float(p.ratio or 0)) * layers * heads)
+        out["n_heads"] = max(p.min_heads_per_layer, round(kept / layers))
+    return out
+
+
+#: ``ood_val`` rows ``[0, OOD_CALIB_ROWS)`` are the ones scoring may see (the circuit ``ood_auroc``
+#: objective takes the first ``scoring.calib_samples`` of them); model selection's OOD metrics
+#: (the evaluate stage's ``selection.json``) use the rows after them, so the two never overlap
+#: while ``calib_samples <= 64`` (a larger value is warned about and recorded)
+OOD_CALIB_ROWS = 64
+
+
+def selection_ood_rows(n: int) -> tuple[int, int]:
+    """``(start, stop)``: the ``ood_val`` rows model selection uses (the same for every variant)."""
+    return min(OOD_CALIB_ROWS, n // 2), n
+
+
+def circuit_sees_ood(ctx: Context) -> bool:
+    """Whether scoring runs the circuit search with the ``ood_auroc`` objective (OOD rows in calibration)."""
+    s = ctx.recipe.scoring
+    return s.criterion == "circuit" and s.objective == "ood_auroc"
+
+
+def calibration(ctx: Context, tokenizer: Any) -> list:
+    """Calibration batches; with the ``ood_auroc`` objective OOD validation rows are mixed in (label -1)."""
+    from toolchain.scoring.calibration import OOD_LABEL
+
+    s = ctx.recipe.scoring
+    part = ctx.data["calib"]
+    if len(part) > s.calib_samples:
+        part = part.subset(list(range(s.calib_samples)))
+    calib = list(ctx.batches(part, s.batch_size, tokenizer))
+    if circuit_sees_ood(ctx):
+        if "ood_val" not in ctx.data:
+            raise RecipeError("field 'scoring.objective': ood_auroc needs data.ood (an OOD validation split).")
+        ood = ctx.data["ood_val"]
+        if s.calib_samples > selection_ood_rows(len(ood))[0]:
+            ctx.console.print(f"  [yellow]note[/yellow]: scoring.calib_samples {s.calib_samples} > "
+                              f"{selection_ood_rows(len(ood))[0]}: the circuit objective also sees ood_val rows "
+                              "that model selection uses (benchmarks/diversity)")
+        ood = ood.subset(list(range(min(len(ood), s.calib_samples))))
+        for batch, labels in ctx.batches(ood, s.batch_size, tokenizer):
+            calib.append((batch, torch.full_like(labels, OOD_LABEL)))
+    return calib
+
+
+def member_masks(ctx: Context) -> torch.Tensor:
+    """``[M, L, H]`` bool keep masks written by the prune stage."""
+    data = read_json(ctx.stage_dir("prune") / "members.json")
+    return torch.tensor([m["keep"] for m in data["members"]], dtype=torch.bool)
+
+
+def build_hydra(ctx: Context, lowering: str | None = None) -> torch.nn.Module:
+    """The fused Hydra model from the prune stage (masks, or recovered member models)."""
+    from toolchain.hydra.fuse import fuse, fuse_members
+
+    f = ctx.recipe.fusion
+    low = lowering or f.lowering
+    prune_dir = ctx.stage_dir("prune")
+    if ctx.recipe.pruning.recovery.steps > 0:
+        members = [load_stage_model(ctx, prune_dir / f"member{i}")[1] for i in range(ctx.recipe.pruning.members)]
+        return fuse_members(members, mlp=f.mlp, layernorm=f.layernorm, lowering=low)
+    _model, adapter, _tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    return fuse(adapter, member_masks(ctx), mlp=f.mlp, layernorm=f.layernorm, lowering=low)
+
+
+def example_feed(ctx: Context, batch: int, seq: int | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Generated model inputs of a given shape (text: random tokens with ragged padding)."""
+    g = torch.Generator().manual_seed(seed)
+    m = ctx.recipe.model
+    if is_text(ctx):
+        seq = seq or m.max_length
+        ids = torch.randint(1000, 20000, (batch, seq), generator=g)
+        mask = torch.ones(batch, seq, dtype=torch.long)
+        for i in range(batch):  # ragged lengths: row i keeps seq - 3 * i tokens (at least 2)
+            mask[i, max(2, seq - 3 * i):] = 0
+        ids[:, 0] = 101
+        ids = ids * mask
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    size = m.image_size or 28
+    return {"pixel_values": torch.randn(batch, m.num_channels if m.family != "clip" else 3, size, size, generator=g)}
+
+
+def is_text(ctx: Context) -> bool:
+    """Whether the in-distribution data is text."""
+    from toolchain.data import TextData
+
+    return isinstance(ctx.data["train"], TextData)
+
+
+def dynamic_axes(ctx: Context, names: list[str]) -> dict[str, dict[int, str]]:
+    """Batch (and sequence for text) are dynamic."""
+    return {n: ({0: "batch", 1: "sequence"} if n != "pixel_values" else {0: "batch"}) for n in names}
+
+
+def trt_profile(ctx: Context, names: list[str]) -> dict[str, tuple]:
+    """The recipe's min/opt/max shapes per input (the TensorRT optimisation profile)."""
+    e = ctx.recipe.export
+    out = {}
+    for n in names:
+        if n == "pixel_values":
+            feed = example_feed(ctx, 1)
+            rest = tuple(feed["pixel_values"].shape[1:])
+            out[n] = ((e.batch.min, *rest), (e.batch.opt, *rest), (e.batch.max, *rest))
+        else:
+            out[n] = ((e.batch.min, e.sequence.min), (e.batch.opt, e.sequence.opt), (e.batch.max, e.sequence.max))
+    return out
+
+
+# ---------------------------------------------------------------------------- compare variants
+class VariantContext(Context):
+    """A compare variant's context: its own prune/fuse/evaluate stages, the parent's load/fine-tune/ensemble."""
+
+    LINKED = ("load", "finetune", "ensemble")
+
+    def __init__(self, parent: Context, recipe: Any) -> None:
+        super().__init__(recipe=recipe, console=parent.console, force=parent.force, progress=parent.progress)
+        self.parent = parent
+        self.__dict__["data"] = parent.data  # same splits
+
+    def stage_dir(self, name: str) -> Path:
+        """The parent's folder for the linked stages, else ``variants/<name>/<stage>``."""
+        return self.parent.stage_dir(name) if name in self.LINKED else super().stage_dir(name)
+
+    def key(self, name: str) -> str:
+        """The parent's key for the linked stages."""
+        return self.parent.key(name) if name in self.LINKED else super().key(name)
+
+
+#: the stages a compare variant runs (its score stage only draws a heatmap: prune scores itself)
+VARIANT_STAGES = ["prune", "fuse", "evaluate"]

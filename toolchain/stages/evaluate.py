@@ -1,0 +1,139 @@
+"""Stage ``evaluate``: UQ metrics of the single model, the deep ensemble and Hydra (PyTorch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from toolchain.artifacts import atomic_write_json
+from toolchain.inference import module_outputs
+from toolchain.pipeline import Context, same_stage_files, stage
+from toolchain.pruning.diversity import ensemble_diversity
+from toolchain.stages.common import VariantContext, circuit_sees_ood, load_stage_model, selection_ood_rows
+
+
+def _hydra_variantmodule_outputs(ctx: Context, splits: list[str], tok: Any, names: list[str]) -> dict[str, dict]:
+    from toolchain.hydra.fuse import load_hydra
+
+    hydra = load_hydra(ctx.stage_dir("fuse") / "hydra")
+    out = {s: module_outputs(ctx, hydra, s, tok, names) for s in splits if s != "ood_val"}
+    if "ood_val" in splits:  # only the rows model selection uses (see selection_ood_rows)
+        part = ctx.data["ood_val"]
+        rows = part.subset(list(range(*selection_ood_rows(len(part)))))
+        out["ood_val"] = module_outputs(ctx, hydra, rows, tok, names)
+    return out
+
+
+def _member_metrics(member_logits_id: np.ndarray, labels: np.ndarray,
+                    member_logits_ood: np.ndarray | None) -> list[dict[str, float]]:
+    """``uq_report`` of every member on its own."""
+    from toolchain.metrics import member_probs, uq_report
+
+    pid = member_probs(member_logits_id)
+    pood = None if member_logits_ood is None else member_probs(member_logits_ood)
+    return [uq_report(pid[:, i], labels, probs_ood=None if pood is None else pood[:, i])
+            for i in range(pid.shape[1])]
+
+
+@stage("evaluate", sections=("model", "data", "finetune", "scoring", "pruning", "fusion"),
+       upstream=("fuse", "ensemble"), summary="uncertainty metrics: single model, deep ensemble, Hydra (PyTorch)",
+       version=2)
+def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """UQ metrics on the ID test split and the OOD test split, with plots and per-sample outputs.
+
+    Also: the ensemble gain of Hydra and the deep ensemble (ensemble minus mean member, with
+    paired-bootstrap 95% intervals), member diversity on the test split, and Hydra's metrics on the
+    validation splits that model selection may use (``selection.json``: ``val`` and the ``ood_val``
+    rows of :func:`selection_ood_rows`, which the circuit objective never sees; metrics and the
+    ensemble gain with its intervals). In a compare variant (:class:`VariantContext`) only Hydra is
+    evaluated.
+    """
+    from toolchain.metrics import ensemble_probs, reliability_bins, uq_report
+    from toolchain.metrics.plots import plot_ood_histograms, plot_reliability
+    from toolchain.models.wrappers import SingleModel
+
+    has_ood = "ood_test" in ctx.data
+    splits = ["test"] + (["ood_test"] if has_ood else [])
+    _m, base, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    names = list(base.input_names)
+    labels = np.asarray(ctx.data["test"].labels)
+    variant_only = isinstance(ctx, VariantContext)
+    variants: dict[str, dict[str, np.ndarray | None]] = {}
+    if not variant_only:
+        single = {s: module_outputs(ctx, SingleModel(base), s, tok, names) for s in splits}
+        members = []
+        for i in range(ctx.recipe.pruning.members):
+            if i == 0 and same_stage_files(ctx, ("finetune", "model"), ("ensemble", "member0")):
+                members.append({s: single[s]["logits"] for s in splits})  # member 0 is the single model
+                continue
+            _m, a, _t = load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")
+            members.append({s: module_outputs(ctx, SingleModel(a), s, tok, names)["logits"] for s in splits})
+        variants["single"] = {"probs_id": single["test"]["probs"], "probs_ood": single.get("ood_test", {}).get("probs")}
+        de_id = np.stack([m["test"] for m in members], 1)
+        de_ood = np.stack([m["ood_test"] for m in members], 1) if has_ood else None
+        variants["deep-ensemble"] = {"probs_id": ensemble_probs(de_id),
+                                     "probs_ood": None if de_ood is None else ensemble_probs(de_ood),
+                                     "member_logits_id": de_id, "member_logits_ood": de_ood}
+    sel_splits = [s for s in ("val", "ood_val") if s in ctx.data]
+    hyd = _hydra_variantmodule_outputs(ctx, splits + sel_splits, tok, names)
+    variants["hydra"] = {"probs_id": hyd["test"]["probs"], "probs_ood": hyd.get("ood_test", {}).get("probs"),
+                         "member_logits_id": hyd["test"]["member_logits"],
+                         "member_logits_ood": hyd.get("ood_test", {}).get("member_logits")}
+    several = ctx.recipe.pruning.members >= 2
+    metrics: dict[str, Any] = {}
+    for name, v in variants.items():
+        kw = {k: val for k, val in v.items() if val is not None and k != "probs_id"}
+        if not several:
+            kw.pop("member_logits_id", None)
+            kw.pop("member_logits_ood", None)
+        metrics[name] = uq_report(v["probs_id"], labels, **kw)
+        plot_reliability(reliability_bins(v["probs_id"], labels), work / f"reliability-{name}.png",
+                         title=f"{ctx.recipe.name}: {name}")
+        if v.get("probs_ood") is not None:
+            plot_ood_histograms(-v["probs_id"].max(-1), -v["probs_ood"].max(-1), work / f"ood-hist-{name}.png",
+                                title=f"{name}: -max probability, ID vs OOD")
+    # each Hydra member on its own: the ensemble gain is ensemble minus the mean member
+    per_member = _member_metrics(hyd["test"]["member_logits"], labels, hyd.get("ood_test", {}).get("member_logits"))
+    metrics["hydra-members-mean"] = {k: float(np.mean([p[k] for p in per_member])) for k in per_member[0]}
+    diversity: dict[str, Any] = {}
+    if several:
+        for name in ("hydra", "deep-ensemble"):
+            if name in variants:
+                v = variants[name]
+                diversity[name] = ensemble_diversity(v["member_logits_id"], labels, v.get("member_logits_ood"),
+                                                     seed=ctx.recipe.seed)
+    selection: dict[str, Any] = {}
+    if "val" in hyd:
+        from toolchain.metrics.gain import ensemble_gain
+
+        val_labels = np.asarray(ctx.data["val"].labels)
+        kw = {"probs_ood": hyd["ood_val"]["probs"]} if "ood_val" in hyd else {}
+        if several:
+            kw["member_logits_id"] = hyd["val"]["member_logits"]
+            if "ood_val" in hyd:
+                kw["member_logits_ood"] = hyd["ood_val"]["member_logits"]
+        selection["hydra"] = uq_report(hyd["val"]["probs"], val_labels, **kw)
+        if "ood_val" in hyd:
+            start, stop = selection_ood_rows(len(ctx.data["ood_val"]))
+            seen = min(ctx.recipe.scoring.calib_samples, stop) if circuit_sees_ood(ctx) else 0
+            selection["ood_val_rows"] = [start, stop]
+            selection["ood_val_rows_seen_by_scoring"] = max(0, seen - start)
+        if several:
+            selection["gain"] = ensemble_gain(hyd["val"]["member_logits"], val_labels,
+                                              hyd.get("ood_val", {}).get("member_logits"), seed=ctx.recipe.seed)
+    atomic_write_json(work / "metrics.json", metrics)
+    atomic_write_json(work / "diversity.json", diversity)
+    atomic_write_json(work / "selection.json", selection)
+    np.savez_compressed(work / "outputs.npz", labels=labels,
+                        **{f"{n}_{k}": v for n, d in variants.items() for k, v in d.items() if v is not None})
+    keys = ["accuracy", "nll", "ece", "brier", "auroc_msp", "fpr95_msp"]
+    for name, m in metrics.items():
+        ctx.console.print(f"  {name:>18}: " + "  ".join(f"{k} {m[k]:.4f}" for k in keys if k in m))
+    for name, d in diversity.items():
+        g = d["gain"]
+        ctx.console.print(f"  {name:>18} ensemble gain: " + "  ".join(
+            f"{k} {g[k]['gain']:+.4f} [{g[k]['ci'][0]:+.4f}, {g[k]['ci'][1]:+.4f}]"
+            for k in ("nll", "auroc_msp", "auroc_mi") if k in g))
+    return {"variants": sorted(metrics)}

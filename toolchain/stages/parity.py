@@ -1,0 +1,197 @@
+"""Stage ``parity``: numeric and UQ-metric parity of every engine vs the PyTorch reference; ``--rescue``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from toolchain.artifacts import atomic_write_json, read_json
+from toolchain.errors import RecipeError
+from toolchain.pipeline import Context, stage
+from toolchain.stages.common import example_feed, load_stage_model
+
+
+def parity_inputs(ctx: Context, names: list[str], tok: Any) -> tuple[list, list, list]:
+    """Generated feeds at several shapes, the ID test split with labels, the OOD test split."""
+    e = ctx.recipe.export
+
+    def np_feed(feed: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+        return {k: v.numpy() for k, v in feed.items() if k in names}
+
+    shapes = [(e.batch.min, e.sequence.min), (min(e.batch.opt, 8), min(e.sequence.opt, 64)),
+              (2, min(e.sequence.max, 96))]
+    generated = [np_feed(example_feed(ctx, b, s, seed=11 + i)) for i, (b, s) in enumerate(shapes)]
+    def by_length(split: str) -> Any:  # rows by token length: less padding; the labels travel with them
+        return ctx.in_length_order(ctx.data[split], tok)[0]
+
+    ident = [(np_feed(b), y.numpy()) for b, y in ctx.batches(by_length("test"), 64, tok)]
+    ood = [np_feed(b) for b, _ in ctx.batches(by_length("ood_test"), 64, tok)] if "ood_test" in ctx.data else []
+    return generated, ident, ood
+
+
+def _input_specs(ctx: Context, names: list[str]) -> dict[str, tuple]:
+    feed = example_feed(ctx, 1, 8)
+    return {n: (np.float32 if n == "pixel_values" else np.int64,
+                ("batch", *feed[n].shape[1:]) if n == "pixel_values" else ("batch", "sequence")) for n in names}
+
+
+@stage("parity", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines",
+                           "parity"),
+       upstream=("build",), summary="numerical and UQ-metric parity of every engine vs the PyTorch reference",
+       version=2)
+def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """Verdicts for the Hydra engines (vs the fused PyTorch model) and the single model's engines.
+
+    BF16 graphs run as ``onnxrt-cpu-bf16emu`` (ONNX Runtime's CPU provider has no BF16 MatMul/Conv
+    kernels; :mod:`toolchain.engines.onnxrt.bf16emu` runs FP32 kernels with every BF16 result
+    rounded to BF16) on the same feeds as the others, so they get numeric and UQ verdicts too.
+    Version 2: BF16 graphs gated; rank metrics can be ``unresolved``; deterministic reports.
+    """
+    from toolchain.engines import make_runner
+    from toolchain.hydra.fuse import load_hydra
+    from toolchain.models.wrappers import SingleModel
+    from toolchain.parity import run_parity
+
+    graphs = read_json(ctx.stage_dir("export") / "graphs.json")
+    _m, base, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    names = list(graphs["single"]["inputs"])
+    generated, ident, ood = parity_inputs(ctx, names, tok)
+    hydra = load_hydra(ctx.stage_dir("fuse") / "hydra")
+    groups = {"hydra": (hydra, ["probs", "member_logits"]), "single": (SingleModel(base), ["logits", "probs"])}
+    engines = read_json(ctx.stage_dir("build") / "engines.json")
+    results: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    for group, (module, outputs) in groups.items():
+        reference = make_runner("torch", module=module, input_specs=_input_specs(ctx, names), output_names=outputs,
+                                name=f"torch-{group}")
+        candidates, precisions = {}, {}
+        for gname, g in graphs.items():
+            if (g["kind"] == "hydra") != (group == "hydra") or g["kind"] == "member":
+                continue
+            label = f"onnxrt-cpu:{gname}"
+            if g["precision"] == "bf16":
+                if "onnxrt-cpu" in ctx.recipe.engines:
+                    el = f"onnxrt-cpu-bf16emu:{gname}"
+                    candidates[el] = make_runner("onnxrt-cpu-bf16emu", path=ctx.stage_dir("export") / g["path"],
+                                                 intra_op_threads=ctx.recipe.bench.threads, name=el)
+                    precisions[el] = "bf16"
+                if "onnxrt-cuda" in ctx.recipe.engines:
+                    skipped[f"onnxrt-cuda:{gname}"] = ("BF16 graphs are checked on CPU (onnxrt-cpu-bf16emu); ONNX "
+                                                       "Runtime's CUDA provider lacks BF16 kernels for some ops")
+                continue
+            if "onnxrt-cpu" in ctx.recipe.engines:
+                candidates[label] = make_runner("onnxrt-cpu", path=ctx.stage_dir("export") / g["path"],
+                                                intra_op_threads=ctx.recipe.bench.threads, name=label)
+                precisions[label] = g["precision"]
+            if "onnxrt-cuda" in ctx.recipe.engines:
+                cl = f"onnxrt-cuda:{gname}"
+                candidates[cl] = make_runner("onnxrt-cuda", path=ctx.stage_dir("export") / g["path"], name=cl)
+                precisions[cl] = g["precision"]
+        if group == "hydra":
+            for ename, info in engines.items() if isinstance(engines, dict) and "skipped" not in engines else []:
+                tl = f"tensorrt:{ename}"
+                candidates[tl] = make_runner("tensorrt", engine_path=ctx.stage_dir("build") / info["engine"], name=tl)
+                precisions[tl] = info["precision"]
+        verdict = run_parity(reference, candidates, generated, ident, ood, out_dir=work / group,
+                             precisions=precisions, **parity_tolerances(ctx))
+        results[group] = {"exit_code": verdict.exit_code, "status": verdict.status, "problems": verdict.problems(),
+                          "failing_engines": sorted({c.engine for c in verdict.failures}),
+                          "unresolved": verdict.notes()}
+        ctx.console.print(f"  {group}: {verdict.status} ({len(candidates)} engines)")
+        for p in verdict.problems():
+            ctx.console.print(f"    [red]x[/red] {p}")
+        for note in verdict.notes():
+            ctx.console.print(f"    [yellow]?[/yellow] {note}")
+    summary = {"groups": results, "skipped": skipped,
+               "exit_code": max([r["exit_code"] for r in results.values()] or [0])}
+    atomic_write_json(work / "verdict.json", summary)
+    md = ["| group | status | exit code |", "|---|---|---|"]
+    md += [f"| {g} | {r['status']} | {r['exit_code']} |" for g, r in results.items()]
+    md += ["", *[f"- skipped `{k}`: {v}" for k, v in skipped.items()]]
+    md += ["", *[(work / g / "summary.md").read_text() for g in results if (work / g / "summary.md").exists()]]
+    (work / "summary.md").write_text("\n".join(md) + "\n")
+    return {"exit_code": summary["exit_code"]}
+
+
+def parity_tolerances(ctx: Context) -> dict[str, Any]:
+    """The recipe's parity overrides, in :func:`toolchain.parity.run_parity`'s terms."""
+    from toolchain.parity import DEFAULT_UQ_TOLERANCES, parse_uq_tolerances
+
+    p = ctx.recipe.parity
+    out: dict[str, Any] = {}
+    if p.uq_tolerances:
+        uq = dict(p.uq_tolerances)
+        if "" in uq:
+            every = uq.pop("")
+            uq = {k: every for k in DEFAULT_UQ_TOLERANCES} | uq
+        try:
+            out["uq_tolerances"] = parse_uq_tolerances(uq)
+        except (ValueError, TypeError) as exc:
+            raise RecipeError(f"field 'parity.uq_tolerances': {exc}") from None
+    if p.tolerances:
+        out["tolerances"] = p.tolerances
+    return out
+
+
+def parity_outcome(ctx: Context) -> None:
+    """Raise the parity verdict's error (exit 1/2/3) after the stage published it."""
+    from toolchain.errors import CheckFailed, MissingDependencyError, ToolchainError
+
+    verdict = read_json(ctx.stage_dir("parity") / "verdict.json")
+    code = verdict["exit_code"]
+    if code == 0:
+        return
+    problems = [p for g in verdict["groups"].values() for p in g["problems"]]
+    text = f"parity failed (see {ctx.stage_dir('parity')}/summary.md): " + "; ".join(problems[:10])
+    raise {1: CheckFailed, 3: MissingDependencyError}.get(code, ToolchainError)(text)
+
+
+def rescue_failing_graphs(ctx: Context) -> list[dict[str, Any]]:
+    """Run ``parity --rescue``: make failing FP16/BF16 ONNX Runtime graphs pass.
+
+    For each, search the smallest set of nodes to keep in FP32 and write the passing graph to
+    ``<artifacts>/rescue/`` (a folder with its own manifest).
+    """
+    from toolchain.artifacts import StageDir
+    from toolchain.engines import make_runner
+    from toolchain.hydra.fuse import load_hydra
+    from toolchain.models.wrappers import SingleModel
+    from toolchain.parity import rescue_precision
+
+    verdict = read_json(ctx.stage_dir("parity") / "verdict.json")
+    graphs = read_json(ctx.stage_dir("export") / "graphs.json")
+    engines = {e for g in verdict["groups"].values() for e in g.get("failing_engines", [])}
+    failing = sorted(e.split(":", 1)[1] for e in engines if e.startswith("onnxrt-cpu:"))
+    failing = [f for f in failing if f in graphs and graphs[f]["precision"] in ("fp16", "bf16")]
+    if not failing:
+        ctx.console.print("  rescue: no failing FP16/BF16 graph to rescue")
+        return []
+    _m, base, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    names = list(graphs["single"]["inputs"])
+    generated, ident, ood = parity_inputs(ctx, names, tok)
+    sd = StageDir(ctx.root, "rescue", key=ctx.key("parity"))
+    work = sd.begin()
+    results = []
+    try:
+        for name in failing:
+            g = graphs[name]
+            module = load_hydra(ctx.stage_dir("fuse") / "hydra") if g["kind"] == "hydra" else SingleModel(base)
+            outputs = ["probs", "member_logits"] if g["kind"] == "hydra" else ["logits", "probs"]
+            reference = make_runner("torch", module=module, input_specs=_input_specs(ctx, names),
+                                    output_names=outputs, name="torch-reference")
+            fp32 = ctx.stage_dir("export") / g["path"].replace(f".{g['precision']}", "")
+            res = rescue_precision(fp32, work / g["path"], g["precision"], reference, generated, ident, ood,
+                                   uq_tolerances=parity_tolerances(ctx).get("uq_tolerances"))
+            results.append({"graph": name, "passed": res.passed, "kept_fp32_nodes": list(res.kept_fp32_nodes),
+                            "path": g["path"]})
+            ctx.console.print(f"  rescue {name}: {'pass' if res.passed else 'FAIL'} keeping "
+                              f"{len(res.kept_fp32_nodes)} node(s) in FP32: {', '.join(res.kept_fp32_nodes[:8])}")
+        atomic_write_json(work / "rescue.json", results)
+        sd.publish({"rescued": [r["graph"] for r in results if r["passed"]]})
+    except BaseException:
+        sd.abort()
+        raise
+    return results

@@ -1,0 +1,20 @@
+"""Stage ``report``: Markdown and HTML from every stage's outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from toolchain.pipeline import Context, stage
+
+
+@stage("report", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines", "bench",
+                            "compare"),
+       upstream=("evaluate", "compare", "parity", "bench"), summary="results report (Markdown + HTML with plots)")
+def report_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """``report.md`` and ``report.html`` from every stage's outputs."""
+    from toolchain.report import build_report
+
+    paths = build_report(ctx.root, work, title=f"hydra-toolchain report: {ctx.recipe.name}")
+    ctx.console.print(f"  report: {ctx.stage_dir('report') / paths['md'].name}")
+    return {}

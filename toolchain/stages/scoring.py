@@ -1,0 +1,157 @@
+"""Stages ``score`` (head importance) and ``prune`` (M member masks, optional recovery fine-tune)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from toolchain.artifacts import atomic_write_json
+from toolchain.models import ModelAdapter, adapter_for
+from toolchain.pipeline import Context, stage
+from toolchain.stages.common import adapter_kwargs, calibration, criterion_params_for, load_stage_model
+
+
+@stage("score", sections=("model", "data", "finetune", "scoring", "pruning"), upstream=("finetune",), distributed=True,
+       summary="score every attention head")
+def score_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """Head scores of the chosen criterion on the calibration split: ``scores.json`` + heatmap."""
+    from toolchain.scoring.registry import score_heads
+
+    _model, adapter, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    crit = ctx.recipe.scoring.criterion
+    params = criterion_params_for(ctx, crit, adapter.heads_per_layer())
+    scores = score_heads(adapter, calibration(ctx, tok), crit, **params)
+    scores.to_json(work / "scores.json")
+    scores.plot_heatmap(work / f"heatmap-{crit}.png", title=f"{ctx.recipe.name}: {crit} head scores")
+    ctx.console.print(f"  {crit} scores on {ctx.recipe.scoring.calib_samples} calibration samples "
+                      f"(data hash {scores.data_hash[:12]})")
+    return {"criterion": crit, "params": params}
+
+
+@stage("prune", sections=("model", "data", "finetune", "scoring", "pruning"), upstream=("score",), distributed=True,
+       summary="make M diverse pruned members")
+def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
+    """Member keep masks, their diversity, and (optionally) recovery-fine-tuned member models."""
+    from toolchain.pruning.diversity import pairwise_jaccard, prediction_disagreement
+    from toolchain.pruning.members import make_members
+
+    r = ctx.recipe
+    p = r.pruning
+    _model, adapter, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    hpl = adapter.heads_per_layer()
+    crit = r.scoring.criterion
+    rule = p.keep_rule()
+    extra: dict[str, Any] = {}
+    if p.strategy == "mixed-criteria":
+        crit = "+".join(p.criteria or [])
+        extra = {"criteria": list(p.criteria or []),
+                 "criterion_params": {c: criterion_params_for(ctx, c, hpl) for c in dict.fromkeys(p.criteria or [])}}
+    else:
+        extra = {"criterion": crit, **criterion_params_for(ctx, crit, hpl)}
+        if p.strategy == "seeds":
+            extra.pop("seed", None)
+        if p.strategy == "partition":
+            extra["core"] = p.core
+        if p.strategy == "sampled":
+            extra["temperature"] = p.temperature
+    members = make_members(
+        adapter, calibration(ctx, tok), m=p.members, strategy=p.strategy,
+        seed=r.seed, scope=p.scope, min_heads_per_layer=p.min_heads_per_layer, **rule, **extra,
+    )
+    masks = torch.stack([mb.keep for mb in members])
+    val_logits = []
+    val, _back = ctx.in_length_order(ctx.data["val"], tok)  # less padding; the labels follow the same order
+    with torch.no_grad():
+        for mb in members:
+            outs = [adapter.gated_logits(b, mb.keep.float()) for b, _ in ctx.batches(val, 64, tok)]
+            val_logits.append(torch.cat(outs))
+    stacked = torch.stack(val_logits)
+    labels = torch.as_tensor(val.labels)
+    diversity: dict[str, Any] = {
+        "kept_heads": [int(m.sum()) for m in masks],
+        "member_val_accuracy": [float((lg.argmax(-1) == labels).float().mean()) for lg in stacked],
+    }
+    if len(members) > 1:
+        diversity["jaccard"] = pairwise_jaccard(masks)
+        dis = prediction_disagreement(stacked)
+        diversity["disagreement_val"] = {k: v for k, v in dis.items() if k != "ensemble_pred"}
+    atomic_write_json(work / "members.json", {
+        "criterion": crit, "strategy": r.pruning.strategy, "rule": rule,
+        "members": [{"index": mb.index, "seed": mb.seed, "keep": mb.keep.int().tolist()} for mb in members],
+    })
+    atomic_write_json(work / "diversity.json", diversity)
+    plot_member_masks(masks, work / "members.png", title=f"{r.name}: heads kept per member")
+    if r.pruning.recovery.steps > 0:
+        _recover_members(ctx, adapter, tok, masks, work)
+    jac = diversity.get("jaccard", {}).get("overall")
+    ctx.console.print(f"  {len(members)} members keep {diversity['kept_heads']} heads; "
+                      + (f"mean Jaccard {jac:.3f}; " if jac is not None else "")
+                      + "val accuracy " + ", ".join(f"{a:.3f}" for a in diversity["member_val_accuracy"]))
+    return {"kept_heads": diversity["kept_heads"]}
+
+
+def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch.Tensor, work: Path) -> None:
+    """Prune each member physically and fine-tune it (per-member seed and data order)."""
+    from toolchain import distributed as dist
+    from toolchain.models import save_model
+    from toolchain.pruning.finetune import finetune
+
+    rec = ctx.recipe.pruning.recovery
+    train = ctx.data["train"]
+    jobs = dist.assign(len(masks))  # under torchrun: members spread over the ranks, rank 0 saves
+    grouped = ctx.recipe.finetune.group_by_length
+    local: dict[int, Any] = {}
+    for i in jobs.items:
+        keep = masks[i]
+        pruned = adapter.prune(keep)
+        pa = adapter_for(pruned, **adapter_kwargs(adapter))
+        # the fused model computes the embedding stage once for all members: keep it as the base's
+        for name, param in pruned.named_parameters():
+            if ".embeddings." in f".{name}" or "pre_layrnorm" in name:
+                param.requires_grad_(False)
+        seed = ctx.recipe.seed + 7919 * (i + 1)
+        part = train
+        if rec.bootstrap:  # the member's own resample of the training split (with replacement)
+            idx = np.sort(np.random.default_rng(seed).integers(0, len(train), size=len(train)))
+            part = train.subset(idx)
+        ctx.console.print(f"  recovery fine-tuning of member {i}: {rec.steps} steps (seed {seed}"
+                          + (", bootstrap of the training split)" if rec.bootstrap else ")"))
+        finetune(pruned, pa, lambda bs, s, part=part: ctx.batches(part, bs, tok, seed=s, group_by_length=grouped),
+                 steps=rec.steps, lr=rec.lr, batch_size=rec.batch_size, seed=seed, progress=ctx.progress,
+                 process_group=jobs.group)
+        if jobs.leads(i):
+            local[i] = pruned if not dist.enabled() else pruned.state_dict()
+    results = dist.gather_results(jobs, local)
+    if dist.is_main():
+        for i in sorted(results):
+            pruned = results[i]
+            if not isinstance(pruned, torch.nn.Module):
+                state, pruned = pruned, adapter.prune(masks[i])
+                pruned.load_state_dict(state)
+            save_model(pruned, work / f"member{i}", tokenizer=tok)
+
+
+def plot_member_masks(masks: torch.Tensor, path: Path, title: str) -> Path:
+    """One panel per member: layers x heads, kept heads dark. PNG written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    m = masks.shape[0]
+    fig = Figure(figsize=(3.2 * m, 2.6))
+    axes = fig.subplots(1, m, squeeze=False)[0]
+    for i, ax in enumerate(axes):
+        ax.imshow(masks[i].float().numpy(), cmap="Greys", vmin=0, vmax=1, aspect="auto")
+        ax.set_title(f"member {i} ({int(masks[i].sum())} heads)", fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)
+    return path
