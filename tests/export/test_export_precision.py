@@ -239,3 +239,30 @@ def test_constant_nodes_are_converted_like_initializers():
         out = _run_low(result.model, target, {"x": np.array([2.0, 4.0], np.float32)})["y"]
         big = FP16_MAX if target == "fp16" else float(np.float32(1e5).astype(ml_dtypes.bfloat16))  # 99840
         np.testing.assert_allclose(out, [big, big], rtol=1e-3)  # + 1 or + 2 is below half an ulp there
+
+
+def test_rsqrt_form_decomposed_layernorm_stays_fp32(tmp_path):
+    """The rsqrt form ``d * rsqrt(mean(d * d) + eps)`` (hand-written LayerNorms, and Hydra graphs
+    exported before their LayerNorms became ``LayerNormalization`` nodes) is matched as a whole."""
+    import torch
+
+    class RsqrtNorm(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Conv1d(8, 8, 1)
+
+        def forward(self, x):
+            y = self.proj(x).reshape(-1, 2, 4, x.shape[-1])  # two members of 4 channels
+            d = y - y.mean(dim=2, keepdim=True)
+            out = d * torch.rsqrt((d * d).mean(dim=2, keepdim=True) + 1e-5)
+            return {"y": torch.addcmul(torch.zeros(2, 4, 1), out, torch.ones(2, 4, 1)).reshape(x.shape)}
+
+    res = export_onnx(RsqrtNorm().eval(), {"x": torch.randn(2, 8, 5)}, ["y"], tmp_path / "n.onnx",
+                      dynamic_axes={"x": {0: "b", 2: "t"}})
+    model = onnx.load(res.path)
+    ops = {n.name: n.op_type for n in model.graph.node}
+    out = convert_precision(model, "fp16")
+    kept = sorted(ops[n] for n, why in out.kept_fp32.items() if "decomposed LayerNorm" in why and n in ops)
+    # the squared deviation, the variance, eps add, sqrt and the normalising divide/multiply
+    assert {"Mul", "ReduceMean", "Add", "Sqrt", "Sub"} <= set(kept), kept
+    assert kept.count("Mul") >= 2  # Mul(d, d) and Mul(d, rsqrt)

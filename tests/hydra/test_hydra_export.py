@@ -2,7 +2,7 @@
 
 Exported at one shape, run at two others (batch and sequence dynamic); the conv lowering must
 put grouped ``Conv`` nodes (group = M, weights as initializers) in the graph, the MatMul
-lowering none.
+lowering none. Q, K and V run as one GFC (one ``Conv``), O as another.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ def test_export_dynamic_batch_and_sequence(unequal_masks, tmp_path, lowering, ml
     if lowering == "conv":
         groups = [next(a.i for a in n.attribute if a.name == "group") for n in convs]
         layers = len(model.blocks)
-        assert groups.count(3) == (6 if mlp == "grouped" else 4) * layers  # Q, K, V, O (+ fc1, fc2), group = M
-        assert len(groups) == 6 * layers
+        # one Conv for Q, K and V together and one for O (+ fc1, fc2 when grouped), group = M
+        assert groups.count(3) == (4 if mlp == "grouped" else 2) * layers
+        assert len(groups) == 4 * layers
         initializers = {i.name for i in graph.initializer}
         assert all(n.input[1] in initializers for n in convs), "TensorRT needs Conv weights as initializers"
     else:

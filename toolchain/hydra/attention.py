@@ -27,7 +27,36 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from toolchain.hydra.gfc import GroupedLinear, check_lowering, merge_channels, split_channels
+from toolchain.hydra.gfc import (
+    GroupedLinear,
+    check_lowering,
+    grouped_linear,
+    grouped_linear_tokens,
+    merge_channels,
+    reshape,
+    split_channels,
+)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor | None) -> torch.Tensor:
+    """Scaled dot-product attention of independent heads, channels-first.
+
+    Args:
+        q: ``[..., d, T]``, e.g. ``[B, G, d, T]`` or ``[B, M, Hp, d, T]``, already multiplied by
+            the head scaling.
+        k: keys, shaped like ``q``.
+        v: values, shaped like ``q``.
+        key_bias: additive, broadcastable to the scores ``[..., T, T]`` (``[B, 1, 1, T]`` for
+            4-D heads, ``[B, 1, 1, 1, T]`` for 5-D), or ``None``.
+
+    Returns:
+        Context, shaped like ``v``.
+    """
+    scores = torch.matmul(q.transpose(-1, -2), k)  # [B, G, Tq, Tk]
+    if key_bias is not None:
+        scores = scores + key_bias
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(v, probs.transpose(-1, -2))  # [B, G, d, Tq]
 
 
 def grouped_attention(
@@ -38,7 +67,7 @@ def grouped_attention(
     heads: int,
     head_dim: int,
 ) -> torch.Tensor:
-    """Scaled dot-product attention of ``heads`` independent heads, channels-first.
+    """:func:`attend` on channels-first streams.
 
     Args:
         q: ``[B, heads * d, T]`` queries, already multiplied by the head scaling.
@@ -51,15 +80,8 @@ def grouped_attention(
     Returns:
         Context ``[B, heads * d, T]``.
     """
-    qh = split_channels(q, heads, head_dim)  # [B, G, d, T]
-    kh = split_channels(k, heads, head_dim)
-    vh = split_channels(v, heads, head_dim)
-    scores = torch.matmul(qh.transpose(-1, -2), kh)  # [B, G, Tq, Tk]
-    if key_bias is not None:
-        scores = scores + key_bias
-    probs = torch.softmax(scores, dim=-1)
-    context = torch.matmul(vh, probs.transpose(-1, -2))  # [B, G, d, Tq]
-    return merge_channels(context, heads * head_dim)
+    qh, kh, vh = (split_channels(t, heads, head_dim) for t in (q, k, v))  # [B, G, d, T]
+    return merge_channels(attend(qh, kh, vh, key_bias), heads * head_dim)
 
 
 class HydraAttention(nn.Module):
@@ -69,6 +91,15 @@ class HydraAttention(nn.Module):
     ``GroupedLinear(members, heads * head_dim, hidden)``. The score scaling (the source's
     ``1 / sqrt(head_dim)``, kept in :class:`~toolchain.hydra.config.LayerSpec`) is folded into
     the Q weights and bias when the model is filled, so no multiply runs at inference.
+
+    Q, K and V run as **one** GFC: their weights are concatenated per member (``[M, 3 * Hp * d,
+    D]``; the ONNX exporter folds the concatenation into one initializer), its output is viewed
+    as ``[B, M, 3 * Hp, d, T]`` (one ``Reshape``) and split into Q, K and V (one ``Split``);
+    the heads stay 5-D ``[B, M, Hp, d, T]`` through the attention and the O GFC reads the
+    context as it is (one ``Reshape`` back to its own layout). Against three GFCs this is one
+    grouped GEMM instead of three (small models pay per kernel) and, for the MatMul lowering,
+    one input reshape and one bias ``Add`` instead of three. The parameters stay three modules,
+    so saved models load unchanged.
     """
 
     def __init__(self, members: int, hidden: int, heads: int, head_dim: int, *, lowering: str = "conv") -> None:
@@ -84,9 +115,33 @@ class HydraAttention(nn.Module):
         self.o = GroupedLinear(members, inner, hidden, lowering=lowering)
 
     def forward(self, x: torch.Tensor, key_bias: torch.Tensor | None) -> torch.Tensor:
-        """``x [B, M * D, T]`` -> attention output ``[B, M * D, T]`` (before the residual)."""
-        context = grouped_attention(self.q(x), self.k(x), self.v(x), key_bias, self.members * self.heads, self.head_dim)
-        return self.o(context)
+        """Attention output (before the residual), in the stream layout of the lowering.
+
+        ``x``: ``[B, M * D, T]`` (``conv``) or ``[B, M, T, D]`` (``matmul``, see
+        :data:`~toolchain.hydra.gfc.LAYOUTS`); the output has the same shape. ``key_bias``:
+        ``[B, 1, 1, 1, T]`` (what :class:`~toolchain.hydra.model.HydraModel` passes: unsqueezed
+        once for all layers), ``[B, 1, 1, T]`` or ``None``.
+        """
+        m, hp, d = self.members, self.heads, self.head_dim
+        weight = torch.cat([self.q.weight, self.k.weight, self.v.weight], dim=1)  # [M, 3 * Hp * d, D]
+        bias = torch.cat([self.q.bias, self.k.bias, self.v.bias], dim=1)
+        if key_bias is not None and key_bias.dim() == 4:
+            key_bias = key_bias.unsqueeze(1)
+        if self.q.lowering == "conv":
+            qkv = grouped_linear(x, weight, bias, "conv", sizes=(m, 3 * hp * d, self.q.in_features))
+            qkv = reshape(qkv, (0, m, 3 * hp, d, -1))  # [B, M, 3 * Hp, d, T]: heads of each member
+            q, k, v = torch.split(qkv, [hp] * 3, dim=2)  # [B, M, Hp, d, T] each
+            return self.o(attend(q, k, v, key_bias))  # the O GFC reads the [B, M, Hp, d, T] context as it is
+        qkv = grouped_linear_tokens(x, weight, bias)  # [B, M, T, 3 * Hp * d]
+        qkv = reshape(qkv, (0, m, -1, 3 * hp, d))  # [B, M, T, 3 * Hp, d]
+        q, k, v = torch.split(qkv, [hp] * 3, dim=3)
+        # token-major heads, as the source model lays them out: 4 Transposes per layer
+        scores = torch.matmul(q.permute(0, 1, 3, 2, 4), k.permute(0, 1, 3, 4, 2))  # [B, M, Hp, Tq, Tk]
+        if key_bias is not None:
+            scores = scores + key_bias
+        context = torch.matmul(torch.softmax(scores, dim=-1), v.permute(0, 1, 3, 2, 4))  # [B, M, Hp, T, d]
+        context = reshape(context.permute(0, 1, 3, 2, 4), (0, m, -1, hp * d))  # [B, M, T, Hp * d]
+        return grouped_linear_tokens(context, self.o.weight, self.o.bias)
 
     def extra_repr(self) -> str:
         """Sizes shown by ``repr``."""

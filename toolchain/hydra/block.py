@@ -21,11 +21,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
 from toolchain.hydra.attention import HydraAttention
-from toolchain.hydra.gfc import GroupedLinear, StreamLinear, merge_channels, split_channels
+from toolchain.hydra.gfc import (
+    LAYOUTS,
+    GroupedLinear,
+    StreamLinear,
+    check_lowering,
+    fold_streams,
+    grouped_linear_tokens,
+    reshape,
+    shared_linear,
+    unfold_streams,
+)
 
 if TYPE_CHECKING:
     from toolchain.hydra.config import LayerSpec
@@ -42,35 +53,50 @@ def check_mode(field: str, mode: str) -> str:
 
 
 def stream_layer_norm(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, streams: int, eps: float
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, streams: int, eps: float, *,
+    width: int | None = None, layout: str = "channels",
 ) -> torch.Tensor:
-    """LayerNorm over each member's channels of a channels-first stream.
+    """LayerNorm over each member's channels of a stream.
 
     Args:
-        x: ``[B, M * D, T]``.
+        x: ``[B, M * D, T]`` (``layout="channels"``) or ``[B, M, T, D]`` (``"tokens"``).
         weight: ``[M, D]`` (per member) or ``[D]`` (shared by the members).
         bias: same shape as ``weight``.
         streams: M.
         eps: added to the variance (biased, as ``nn.LayerNorm``).
+        width: D as a Python int (modules pass theirs); ``None`` reads ``weight.shape``.
+        layout: the stream layout (:data:`~toolchain.hydra.gfc.LAYOUTS`).
 
     Returns:
-        ``[B, M * D, T]``.
+        Normalised ``x``, same shape.
+
+    ONNX: one ``LayerNormalization(axis=-1)``; a per-member affine ``[M, D]`` adds one ``Mul`` and
+    one ``Add`` after the normalisation (a shared ``[D]`` affine is the node's own scale and
+    bias). ``LayerNormalization`` normalises trailing axes only, so the channels-first stream is
+    viewed token-major around it (``Transpose -> Reshape [0, -1, M, D]`` and back). The
+    statistics-only node is the whole FP32 island of an FP16/BF16 graph
+    (:mod:`toolchain.export.precision_rules`); the decomposed form it replaces (ReduceMean, Sub,
+    Mul, ReduceMean, Add, Sqrt, Div plus the affine) needed a pattern match for that.
     """
-    width = int(weight.shape[-1])
-    y = split_channels(x, streams, width)  # [B, M, D, T]
-    centred = y - y.mean(dim=2, keepdim=True)
-    var = (centred * centred).mean(dim=2, keepdim=True)  # two-pass variance, as nn.LayerNorm
-    # addcmul: the affine in one pass (half the time of ``* weight + bias`` in eager torch)
-    out = torch.addcmul(bias.unsqueeze(-1), centred * torch.rsqrt(var + eps), weight.unsqueeze(-1))
-    return merge_channels(out, streams * width)
+    width = int(weight.shape[-1]) if width is None else width
+    tokens = x if layout == "tokens" else reshape(x.transpose(1, 2), (0, -1, streams, width))  # [B, ., ., D]
+    if weight.dim() == 1:
+        y = F.layer_norm(tokens, (width,), weight, bias, eps)
+    elif layout == "tokens":  # [B, M, T, D]: the affine broadcasts as [M, 1, D]
+        y = F.layer_norm(tokens, (width,), None, None, eps) * weight.unsqueeze(1) + bias.unsqueeze(1)
+    else:  # [B, T, M, D]
+        y = F.layer_norm(tokens, (width,), None, None, eps) * weight + bias
+    return y if layout == "tokens" else reshape(y, (0, -1, streams * width)).transpose(1, 2)
 
 
 class StreamLayerNorm(nn.Module):
     """LayerNorm of M streams: affine ``[M, D]`` (``grouped``) or ``[D]`` (``average``)."""
 
-    def __init__(self, streams: int, hidden: int, eps: float, mode: str = "grouped") -> None:
+    def __init__(self, streams: int, hidden: int, eps: float, mode: str = "grouped", *, lowering: str = "conv") -> None:
         super().__init__()
+        self.lowering = check_lowering(lowering)  # decides the stream layout (LAYOUTS)
         self.streams = streams
+        self.hidden = hidden
         self.eps = float(eps)
         self.mode = check_mode("layernorm", mode)
         shape = (streams, hidden) if mode == "grouped" else (hidden,)
@@ -78,8 +104,9 @@ class StreamLayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [B, M * D, T]`` -> normalised ``[B, M * D, T]``."""
-        return stream_layer_norm(x, self.weight, self.bias, self.streams, self.eps)
+        """``x [B, M * D, T]`` (``conv``) or ``[B, M, T, D]`` (``matmul``) -> normalised, same shape."""
+        return stream_layer_norm(x, self.weight, self.bias, self.streams, self.eps, width=self.hidden,
+                                 layout=LAYOUTS[self.lowering])
 
     def extra_repr(self) -> str:
         """Options shown by ``repr``."""
@@ -103,8 +130,23 @@ class HydraMLP(nn.Module):
         self.act = ACT2FN[act_name]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [B, M * D, T]`` -> ``[B, M * D, T]``."""
-        return self.fc2(self.act(self.fc1(x)))
+        """``x [B, M * D, T]`` (``conv``) or ``[B, M, T, D]`` (``matmul``) -> same shape.
+
+        Channels-first, the member layout changes once around the MLP, not around each layer:
+        ``average`` folds the members into the batch, runs fc1 / act / fc2 on ``[B * M, ., T]``
+        and unfolds; ``grouped`` runs two grouped Convs. Token-major, fc1 and fc2 are ``MatMul``
+        + ``Add`` on ``[B, M, T, .]`` (broadcast over the members for ``average``).
+        """
+        fc1, fc2 = self.fc1, self.fc2
+        if fc1.lowering == "matmul":
+            if isinstance(fc1, StreamLinear):
+                return F.linear(self.act(F.linear(x, fc1.weight, fc1.bias)), fc2.weight, fc2.bias)
+            return grouped_linear_tokens(self.act(grouped_linear_tokens(x, fc1.weight, fc1.bias)), fc2.weight, fc2.bias)
+        if isinstance(fc1, StreamLinear):
+            h = fold_streams(x, fc1.streams, fc1.in_features)
+            h = shared_linear(self.act(shared_linear(h, fc1.weight, fc1.bias, "conv")), fc2.weight, fc2.bias, "conv")
+            return unfold_streams(h, fc2.streams, fc2.out_features)
+        return fc2(self.act(fc1(x)))
 
 
 class HydraBlock(nn.Module):
@@ -120,12 +162,15 @@ class HydraBlock(nn.Module):
         self.attention = HydraAttention(
             members, hidden, spec.padded_heads, spec.head_dim, lowering=lowering
         )
-        self.ln_attn = StreamLayerNorm(members, hidden, spec.ln_attn_eps, layernorm)
-        self.ln_mlp = StreamLayerNorm(members, hidden, spec.ln_mlp_eps, layernorm)
+        self.ln_attn = StreamLayerNorm(members, hidden, spec.ln_attn_eps, layernorm, lowering=lowering)
+        self.ln_mlp = StreamLayerNorm(members, hidden, spec.ln_mlp_eps, layernorm, lowering=lowering)
         self.mlp = HydraMLP(members, hidden, spec.intermediate_size, spec.act_name, mode=mlp, lowering=lowering)
 
     def forward(self, x: torch.Tensor, key_bias: torch.Tensor | None) -> torch.Tensor:
-        """``x [B, M * D, T]``, ``key_bias [B, 1, 1, T]`` or ``None`` -> ``[B, M * D, T]``."""
+        """Stream ``x`` (``[B, M * D, T]`` for ``conv``, ``[B, M, T, D]`` for ``matmul``) -> same shape.
+
+        ``key_bias``: ``[B, 1, 1, 1, T]`` / ``[B, 1, 1, T]`` or ``None``.
+        """
         if self.norm_style == "post":
             x = self.ln_attn(x + self.attention(x, key_bias))
             return self.ln_mlp(x + self.mlp(x))

@@ -2,11 +2,18 @@
 
 ```
 inputs -> embeddings stage (once)         hidden [B, T, D], key bias [B, 1, 1, T]
-       -> transpose + repeat M times      stream [B, M * D, T]  (channels-first)
+       -> M copies (one Concat)           stream [B, M * D, T] (conv: channels-first)
+                                              or [B, M, T, D]  (matmul: token-major)
        -> L x HydraBlock                  GFC attention, merged MLP, per-member LayerNorms
-       -> split members [B, M, T, D]      head stage: shared (on B * M rows) or one per member
+       -> member rows [B * M, T, D]       head stage: shared (on B * M rows) or one per member
        -> member_logits [B, M, C];  probs = mean_m softmax(member_logits) [B, C]
 ```
+
+The lowering picks the layout (:data:`~toolchain.hydra.gfc.LAYOUTS`): the grouped Conv works on
+channels-first streams; the batched MatMul runs token-major, where its bias is added along the
+last axis and each LayerNorm is one ``LayerNormalization`` with no transposes around it.
+Reshapes export as one ``Reshape`` with a constant ``0`` / ``-1`` shape
+(:func:`~toolchain.hydra.gfc.reshape`), so the graph computes no shape arithmetic per layer.
 
 Everything structural (M, head counts, sizes, residual style) is a Python constant taken from
 :class:`~toolchain.hydra.config.HydraConfig`; batch and sequence only flow through tensor
@@ -21,9 +28,9 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from toolchain.hydra.block import HydraBlock
+from toolchain.hydra.block import HydraBlock, StreamLayerNorm
 from toolchain.hydra.config import HydraConfig
-from toolchain.hydra.gfc import GroupedLinear, StreamLinear, check_lowering
+from toolchain.hydra.gfc import GroupedLinear, StreamLinear, check_lowering, fold_streams, reshape, split_channels
 
 
 class HydraModel(nn.Module):
@@ -66,9 +73,12 @@ class HydraModel(nn.Module):
         """
         feed = self._bind(args, inputs)
         hidden, key_bias = self.embeddings(**feed)
-        x = hidden.transpose(1, 2)  # [B, D, T]
+        if key_bias is not None:
+            key_bias = key_bias.unsqueeze(1)  # [B, 1, 1, 1, T]: broadcasts over [B, M, Hp, T, T] scores
+        # channels-first [B, M * D, T] (conv) or token-major [B, M, T, D] (matmul): LAYOUTS
+        x = hidden.transpose(1, 2) if self.lowering == "conv" else hidden.unsqueeze(1)
         if self.members > 1:
-            x = x.repeat(1, self.members, 1)  # [B, M * D, T]: every member sees the same input
+            x = torch.cat([x] * self.members, dim=1)  # every member sees the same input; one Concat
         for block in self.blocks:
             x = block(x, key_bias)
         logits = self._member_logits(x)
@@ -89,12 +99,16 @@ class HydraModel(nn.Module):
         return {k: v for k, v in feed.items() if v is not None}
 
     def _member_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [B, M * D, T]`` -> ``[B, M, C]`` through the head stage(s)."""
-        hidden = x.unflatten(1, (self.members, self.hidden_size)).transpose(2, 3)  # [B, M, T, D]
+        """The stream -> ``[B, M, C]`` through the head stage(s)."""
+        m, d, conv = self.members, self.hidden_size, self.lowering == "conv"
         if len(self.heads) == 1:
-            logits = self.heads[0](hidden.flatten(0, 1))  # [B * M, C]
-            return logits.unflatten(0, (-1, self.members))
-        return torch.stack([head(hidden[:, m]) for m, head in enumerate(self.heads)], dim=1)
+            # [B * M, T, D] rows; token-major needs a short Shape chain for it, once per graph
+            rows = fold_streams(x, m, d).transpose(1, 2) if conv else x.flatten(0, 1)
+            logits = self.heads[0](rows)  # [B * M, C]
+            # [B * M, 1, C] -> [B, M, C]: the 0 keeps C, so no Shape arithmetic (unflatten traces one)
+            return reshape(logits.unsqueeze(1), (-1, m, 0))
+        hidden = split_channels(x, m, d).transpose(2, 3) if conv else x  # [B, M, T, D]
+        return torch.stack([head(hidden[:, i]) for i, head in enumerate(self.heads)], dim=1)
 
     # ------------------------------------------------------------------ lowering
     @property
@@ -103,10 +117,13 @@ class HydraModel(nn.Module):
         return self.config.lowering
 
     def set_lowering(self, lowering: str) -> HydraModel:
-        """Switch every GFC / shared linear to ``lowering`` in place (same weights); returns self."""
+        """Switch every GFC / shared linear / LayerNorm to ``lowering`` in place (same weights); returns self.
+
+        The lowering also picks the stream layout (:data:`~toolchain.hydra.gfc.LAYOUTS`).
+        """
         check_lowering(lowering)
         for mod in self.modules():
-            if isinstance(mod, GroupedLinear | StreamLinear):
+            if isinstance(mod, GroupedLinear | StreamLinear | StreamLayerNorm):
                 mod.lowering = lowering
         self.config = replace(self.config, lowering=lowering)
         return self
