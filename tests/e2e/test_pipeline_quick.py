@@ -87,6 +87,8 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path):
     assert graphs["hydra-conv"]["summary"]["grouped_conv"] > 0
     assert all(g["dynamic_check"]["ok"] for g in graphs.values() if g["precision"] == "fp32")
     assert all(g["lint_ok"] for g in graphs.values() if g["precision"] == "fp32"), graphs["hydra-conv"]["lint"]
+    lean = {n: g["stats"]["nodes_excluding_constant"] for n, g in graphs.items()}  # every graph is counted
+    assert lean["hydra-conv"] <= 1.3 * lean["single"] and lean["hydra-matmul"] <= 1.3 * lean["single"], lean
     second = _cli("run", str(recipe), "--profile", "quick")
     assert second.returncode == 0
     st = _statuses(second.stderr)

@@ -17,6 +17,7 @@ def export_one(ctx: Context, module: torch.nn.Module, outputs: list[str], path: 
     """Export, check at shapes other than the export shape, lint for TensorRT; return facts."""
     from toolchain.export.lint import lint_tensorrt
     from toolchain.export.onnx_export import check_dynamic, export_onnx
+    from toolchain.export.stats import graph_stats
 
     interrupts.check()  # a graceful SIGTERM stops between graphs, not inside the ONNX exporter
     e = ctx.recipe.export
@@ -32,12 +33,12 @@ def export_one(ctx: Context, module: torch.nn.Module, outputs: list[str], path: 
     lint = lint_tensorrt(path, trt_version="10", profile=trt_profile(ctx, names))
     return {"path": path.name, "outputs": outputs, "inputs": names, "summary": res.summary,
             "dynamic_check": {"ok": report.ok, "shapes": [list(s) for s in shapes]},
-            "lint_ok": lint.ok, "lint": [str(f) for f in lint.findings]}
+            "lint_ok": lint.ok, "lint": [str(f) for f in lint.findings], "stats": graph_stats(path)}
 
 
 @stage("export", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export"),
        upstream=("fuse", "ensemble"), summary="export ONNX graphs: Hydra (both lowerings), single model, members",
-       version=2)  # 2: BF16 constants clamped to the BF16 range (finfo(float32).min became -inf)
+       version=3)  # 2: BF16 constants clamped to the BF16 range; 3: lean Hydra graphs, node counts in graphs.json
 def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """Export every graph the later stages run.
 
@@ -45,6 +46,7 @@ def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
     their FP16/BF16 variants (the recipe's ``export.precisions``).
     """
     from toolchain.export.precision import write_precision_variant
+    from toolchain.export.stats import graph_stats
     from toolchain.models.wrappers import SingleModel
 
     e = ctx.recipe.export
@@ -67,12 +69,14 @@ def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
             interrupts.check()
             res = write_precision_variant(work / f"{base}.onnx", work / f"{name}.onnx", prec)
             keep = {k: v for k, v in graphs[base].items() if k in ("kind", "lowering", "outputs", "inputs")}
-            graphs[name] = {**keep, "precision": prec, "path": f"{name}.onnx", "precision_report": res.report()}
+            graphs[name] = {**keep, "precision": prec, "path": f"{name}.onnx", "precision_report": res.report(),
+                            "stats": graph_stats(work / f"{name}.onnx")}
     atomic_write_json(work / "graphs.json", graphs)
     for name, g in graphs.items():
         extra = ""
         if g["precision"] == "fp32":
             dyn = "ok" if g["dynamic_check"]["ok"] else "FAILED"
             extra = f", dynamic check {dyn}, lint {'ok' if g['lint_ok'] else 'FAILED'}"
+        extra += f", {g['stats']['nodes_excluding_constant']} nodes"
         ctx.console.print(f"  {name}.onnx ({g['precision']}){extra}")
     return {"graphs": sorted(graphs)}

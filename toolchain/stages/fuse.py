@@ -11,7 +11,8 @@ from toolchain.stages.common import build_hydra
 
 
 @stage("fuse", sections=("model", "data", "finetune", "scoring", "pruning", "fusion"), upstream=("prune",),
-       summary="fuse the M members into one Hydra model")
+       summary="fuse the M members into one Hydra model",
+       version=2)  # 2: lean Hydra module (same files; its outputs differ by float rounding: downstream reruns)
 def fuse_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """Fused model saved as safetensors + JSON config (reloads without the checkpoint)."""
     from toolchain.hydra.fuse import format_summary, save_hydra, summary
