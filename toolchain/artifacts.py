@@ -67,20 +67,38 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def publish(src: Path, dst: Path) -> Path:
+    """Move a finished file from a temporary folder onto ``dst`` atomically, with the usual mode."""
+    os.chmod(src, 0o666 & ~_umask())
+    os.replace(src, dst)
+    return Path(dst)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (tmp in the same folder, fsync, rename)."""
+    """Write ``data`` to ``path`` atomically (a unique temporary file in the same folder, fsync, rename).
+
+    The temporary name ``.<name>.tmp-<pid>-<random>`` is one that :func:`stale_temporaries` recognises
+    if the writer is killed.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-{os.getpid()}-")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual file mode
         os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import click
 import typer
@@ -156,26 +156,26 @@ def parity(
 @app.command()
 def lint(
     onnx_file: Annotated[Path, typer.Argument(help="ONNX file to check")],
-    target: Annotated[str, typer.Option("--target", help="tensorrt (the parser to check against)")] = "tensorrt",
+    target: Annotated[str | None, typer.Option("--target", help="the engine kind whose ONNX parser to check against "
+                                               "(default and only one: the kind the build stage builds, TensorRT)",
+                                               show_default=False)] = None,
     trt_version: Annotated[str | None, typer.Option(
         "--trt-version", help="target TensorRT version, e.g. 10.3, 10.15, 11.5 (a major only, e.g. 10: rules added "
         "within it are warnings); default: the installed TensorRT's, else the newest rules the lint knows",
         show_default=False)] = None,
 ) -> None:
     """Check an ONNX graph against the TensorRT ONNX parser on CPU (exit 1 on any error)."""
+    from toolchain.engines import engine_kinds
     from toolchain.export.lint import lint_tensorrt
 
-    if target != "tensorrt":
-        raise ToolchainError(f"--target {target!r} is not supported; use --target tensorrt.")
+    targets = [s.name for s in engine_kinds() if s.needs_build]
+    if (target or targets[0]) not in targets[:1]:
+        raise ToolchainError(f"--target {target!r} is not supported; use --target {targets[0]}.")
     report = lint_tensorrt(onnx_file, trt_version=trt_version)
     for finding in report.findings:
         console.print(escape(str(finding)), highlight=False)
     report.raise_if_failed()
     console.print(f"[green]ok[/green]: {escape(str(onnx_file))} passes the TensorRT {report.trt_version} lint")
-
-
-_GRAPH_KINDS = {".onnx": "onnxrt-cpu", ".engine": "tensorrt", ".plan": "tensorrt", ".trt": "tensorrt"}
-_INFER_ENGINES = ("onnxrt-cpu", "onnxrt-cuda", "tensorrt")
 
 
 def _read_inputs(path: Path) -> dict:
@@ -221,6 +221,23 @@ def _describe_specs(specs) -> str:
     return ", ".join(f"'{n}' {s.dtype if s.dtype is not None else '?'} {dims(s.shape)}" for n, s in specs.items())
 
 
+def _infer_kind(graph: Path, engine: str | None) -> tuple[Any, Any]:
+    """The engine kind that runs ``graph`` (``--engine`` or the first kind for its suffix), and the suffix's kind."""
+    from toolchain.engines import engine_kind, engine_kinds, kinds_for_suffix
+
+    runnable = [s.name for s in engine_kinds(selectable=True) if s.runs_files]
+    suffix = graph.suffix.lower()
+    owners = kinds_for_suffix(suffix)
+    owner = engine_kind(owners[0]) if owners else None
+    kind = engine or (owner.name if owner is not None else None)
+    if kind is None:
+        raise ToolchainError(f"cannot tell what '{graph}' is from its suffix '{suffix}'; pass --engine "
+                             f"({' | '.join(runnable)}) or use .onnx / .engine / .plan.")
+    if kind not in runnable:
+        raise ToolchainError(f"--engine {kind!r} is not supported here; choose one of {', '.join(runnable)}.")
+    return engine_kind(kind), owner
+
+
 @app.command()
 def infer(
     graph: Annotated[Path, typer.Argument(help="an ONNX file (.onnx) or a TensorRT engine (.engine / .plan)",
@@ -229,8 +246,10 @@ def infer(
                                          "by input name", show_default=False)],
     out: Annotated[Path, typer.Option("--out", "-o", help=".npz file to write the outputs to (atomically)",
                                       show_default=False)],
-    engine: Annotated[str | None, typer.Option("--engine", "-e", help="onnxrt-cpu | onnxrt-cuda | tensorrt "
-                                               "(default: onnxrt-cpu for .onnx, tensorrt for .engine/.plan)")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", "-e", help="an engine kind that runs files: "
+                                               "onnxrt-cpu | onnxrt-cuda | tensorrt (default: the first kind for "
+                                               "the file's suffix: onnxrt-cpu for .onnx, tensorrt for "
+                                               ".engine/.plan)")] = None,
 ) -> None:
     """Run an ONNX graph or a TensorRT engine on named arrays (.npz) and write its outputs (.npz).
 
@@ -243,41 +262,34 @@ def infer(
     import numpy as np
 
     from toolchain.artifacts import atomic_write_bytes
-    from toolchain.engines import make_runner
-    from toolchain.engines.inputs import check_output_path, check_values, engine_value_limits, onnx_value_limits
+    from toolchain.engines import kinds_for_suffix, runner_for
+    from toolchain.engines.inputs import check_output_path, check_values
     from toolchain.errors import FeedError, GraphError
 
     suffix = graph.suffix.lower()
-    kind = engine or _GRAPH_KINDS.get(suffix)
-    if kind is None:
-        raise ToolchainError(f"cannot tell what '{graph}' is from its suffix '{suffix}'; pass --engine "
-                             f"({' | '.join(_INFER_ENGINES)}) or use .onnx / .engine / .plan.")
-    if kind not in _INFER_ENGINES:
-        raise ToolchainError(f"--engine {kind!r} is not supported here; choose one of {', '.join(_INFER_ENGINES)}.")
+    spec, owner = _infer_kind(graph, engine)
+    kind = spec.name
     if not graph.is_file():
-        what = "engine" if kind == "tensorrt" else "ONNX file"
-        raise GraphError(f"{what} '{graph}' does not exist" + (" (a folder was given)" if graph.is_dir() else "")
+        raise GraphError(f"{spec.file_label} '{graph}' does not exist" + (" (a folder was given)" if graph.is_dir()
+                                                                        else "")
                          + "; check the path (hydra-toolchain export / build write them under the artifacts folder).")
-    if kind == "tensorrt" and suffix == ".onnx":
-        raise ToolchainError(f"--engine tensorrt runs a built engine, and '{graph}' is an ONNX file; build an engine "
-                             "with hydra-toolchain build, or run the ONNX file with --engine onnxrt-cpu.")
-    if kind != "tensorrt" and suffix in (".engine", ".plan", ".trt"):
-        raise ToolchainError(f"'{graph}' is a TensorRT engine; ONNX Runtime runs .onnx files. Use --engine tensorrt.")
+    if owner is not None and suffix not in spec.suffixes:  # a file another kind runs
+        if spec.needs_build:
+            raise ToolchainError(f"--engine {kind} runs a built {spec.file_label}, and '{graph}' is an "
+                                 f"{owner.file_label}; build an {spec.file_label} with hydra-toolchain build, or run "
+                                 f"the {owner.file_label} with --engine {owner.name}.")
+        raise ToolchainError(f"'{graph}' is a {owner.runtime} {owner.file_label}; {spec.runtime} runs "
+                             f"{' / '.join(spec.suffixes)} files. Use --engine {owner.name}.")
     if out.resolve() in (graph.resolve(), inputs.resolve()):
         raise ToolchainError(f"--out '{out}' would overwrite an input; choose another output file.")
     check_output_path(out)  # before inference runs, not after
     feed = _read_inputs(inputs)
-    runner = (make_runner("tensorrt", engine_path=graph, name=graph.name) if kind == "tensorrt"
-              else make_runner(kind, path=graph, name=f"{graph.name} ({kind})"))
-    specs: dict = {}
-    if kind == "tensorrt":  # the sidecar (missing or malformed: a clear error) describes the inputs
-        from toolchain.engines.tensorrt import feed_specs, read_sidecar
-
-        sidecar = read_sidecar(graph)
-        specs = feed_specs(sidecar)[0]
-        limits = engine_value_limits(graph, sidecar.onnx_file, sidecar.onnx_sha256)
-    else:  # vocabulary and sequence limits from the graph's embedding tables
-        limits = onnx_value_limits(graph)
+    only = kinds_for_suffix(suffix) == [kind]  # a suffix several kinds run (.onnx): the kind is named in messages
+    runner = runner_for(kind, {"path": str(graph), "engine": str(graph)}, name=graph.name if only
+                        else f"{graph.name} ({kind})")
+    # input specs known before loading (an engine's sidecar; a clear error when it is missing or malformed) and
+    # value limits (vocabulary and sequence length from the graph's embedding tables)
+    specs, limits = spec.inspect_file(graph) if spec.inspect_file is not None else ({}, {})
     try:
         runner.precheck(feed)  # TensorRT: the sidecar's inputs and profile, before TensorRT is needed
         check_values(feed, limits, runner=runner.name)  # empty inputs, token ids, sequence length
@@ -328,7 +340,9 @@ def _print_summary(ctx) -> None:
     except (OSError, ValueError):
         return
     table = Table(title=f"{ctx.recipe.name}: test split (ID) and OOD test split")
-    keys = ["accuracy", "nll", "ece", "brier", "auroc_msp", "fpr95_msp", "auroc_mi"]
+    from toolchain.metrics.registry import view_keys
+
+    keys = view_keys("summary")
     table.add_column("variant")
     for k in keys:
         table.add_column(k, justify="right")

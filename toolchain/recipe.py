@@ -30,7 +30,8 @@ class ModelSection(_Strict):
     source: str | None = Field(
         None, description="local Hugging Face folder, or 'packaged:all-MiniLM-L6-v2' (CLIP: the prompt tokenizer)"
     )
-    family: Literal["auto", "bert", "vit", "clip"] = "auto"
+    family: str = Field("auto", description="'auto' (from the checkpoint's config.json) or a registered model "
+                        "family (toolchain.models.registry); required with from_config")
     #: build the model from this Hugging Face config dict instead of a checkpoint (ViT, tiny CLIP)
     from_config: dict[str, Any] | None = None
     max_length: int = Field(64, ge=4, le=4096, description="text: tokens per sample")
@@ -38,13 +39,46 @@ class ModelSection(_Strict):
     num_channels: int = Field(1, ge=1, le=4)
     prompt_template: str = "a photo of a {}"
 
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, value: str) -> str:
+        allowed = ("auto", *_family_names())
+        if value not in allowed:
+            raise ValueError(f"Input should be {_one_of([repr(n) for n in allowed])}")
+        return value
+
     @model_validator(mode="after")
     def _source_or_config(self) -> ModelSection:
         if self.source is None and self.from_config is None:
             raise ValueError("give model.source (a checkpoint) or model.from_config (a Hugging Face config dict)")
         if self.from_config is not None and self.family == "auto":
-            raise ValueError("set model.family (bert, vit or clip) when the model is built from_config")
+            raise ValueError(f"set model.family ({_one_of(_family_names())}) when the model is built from_config")
         return self
+
+
+def _one_of(names: list[str] | tuple[str, ...]) -> str:
+    """``a, b or c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _family_names() -> tuple[str, ...]:
+    """The registered model families (:func:`toolchain.models.registry.family_names`), read when validating."""
+    from toolchain.models.registry import family_names
+
+    return tuple(family_names())
+
+
+def _engine_kinds() -> list[str]:
+    """The engine kinds a recipe may name (:func:`toolchain.engines.registry.selectable_kinds`)."""
+    from toolchain.engines.registry import selectable_kinds
+
+    return selectable_kinds()
+
+
+def _default_engines() -> list[str]:
+    from toolchain.engines.registry import default_engines
+
+    return default_engines()
 
 
 class DataSection(_Strict):
@@ -216,12 +250,22 @@ class Recipe(_Strict):
     pruning: PruningSection = PruningSection()
     fusion: FusionSection = FusionSection()
     export: ExportSection = ExportSection()
-    engines: list[Literal["torch", "onnxrt-cpu", "onnxrt-cuda", "tensorrt"]] = ["torch", "onnxrt-cpu"]
+    engines: list[str] = Field(default_factory=_default_engines,
+                               description="engine kinds (toolchain.engines.registry), e.g. torch, onnxrt-cpu")
     bench: BenchSection = BenchSection()
     parity: ParitySection = ParitySection()
     artifacts_dir: str = "artifacts"
     #: more Hydra variants to evaluate side by side in the report (e.g. other criteria or strategies)
     compare: list[CompareEntry] = Field(default_factory=list)
+
+    @field_validator("engines")
+    @classmethod
+    def _known_engines(cls, value: list[str]) -> list[str]:
+        allowed = _engine_kinds()
+        for name in value:
+            if name not in allowed:
+                raise ValueError(f"{name!r}: input should be {_one_of([repr(n) for n in allowed])}")
+        return value
 
     @model_validator(mode="after")
     def _check_compare(self) -> Recipe:

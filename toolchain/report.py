@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from toolchain.metrics.registry import view_columns
+
 #: metrics shown in the results table, with how to print them
-COLUMNS = [("accuracy", "acc"), ("nll", "NLL"), ("ece", "ECE"), ("brier", "Brier"),
-           ("auroc_msp", "AUROC (MSP)"), ("aupr_msp", "AUPR (MSP)"), ("fpr95_msp", "FPR95 (MSP)"),
-           ("auroc_mi", "AUROC (MI)")]
+COLUMNS = view_columns("table")
 
 
 #: row order of the results table
@@ -56,8 +56,7 @@ def results_table(metrics: dict[str, dict[str, float]], sizes: dict[str, dict[st
 
 
 #: ensemble-gain metrics shown (positive = the ensemble beats its mean member)
-GAIN_KEYS = [("nll", "NLL"), ("ece", "ECE"), ("brier", "Brier"), ("accuracy", "acc"), ("auroc_msp", "AUROC (MSP)"),
-             ("auroc_mi", "AUROC (MI) vs member MSP")]
+GAIN_KEYS = view_columns("gain_table")
 
 
 def gain_cell(g: dict[str, Any] | None) -> str:
@@ -99,7 +98,10 @@ def bench_latency(latency: dict | None, lowering: str = "conv") -> tuple[dict[st
     """Median ms per report variant from ``latency.json`` (ONNX Runtime CPU, FP32, the smallest batch)."""
     if not latency:
         return {}, ""
-    cases = [c for c in latency.get("cases", []) if c.get("engine") == "onnxrt-cpu"]
+    from toolchain.engines import default_engines, engine_kind
+
+    reported = next(k for k in default_engines() if engine_kind(k).runs_files)  # the CPU engine every recipe has
+    cases = [c for c in latency.get("cases", []) if c.get("engine") == reported]
     if not cases:
         return {}, ""
     case = min(cases, key=lambda c: c.get("batch", 0))
@@ -154,6 +156,14 @@ def build_report(root: Path, out_dir: Path, title: str) -> dict[str, Path]:
         parts += ["## Members", "", f"- heads kept: {members.get('kept_heads')}",
                   f"- mean pairwise Jaccard of kept heads: {jac:.3f}" if jac is not None else "- single member",
                   f"- mean disagreement with the ensemble (validation): {dis:.3f}" if dis is not None else "", ""]
+    graphs = _read(root / "export" / "graphs.json") or {}
+    counted = {n: g["stats"] for n, g in graphs.items() if g.get("stats") and g.get("kind") != "member"}
+    if counted:
+        from toolchain.export.stats import stats_table
+
+        parts += ["## Exported graphs", "", "Nodes and the most frequent operators of each graph (FP16/BF16 variants "
+                  "add their Cast nodes); `nodes without Constant` is the number to compare.", "",
+                  stats_table(counted), ""]
     if parity_md.exists():  # the parity stage's verdict per group (hydra, single) and per engine
         parts += ["## Parity", "", parity_md.read_text().replace("\n## Parity:", "\n### Parity:"), ""]
     if bench_md.exists():

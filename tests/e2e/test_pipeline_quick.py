@@ -57,6 +57,7 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path):
     assert "## Parity" in report and "| hydra | pass |" in report and "| single | pass |" in report
     rows = [line for line in report.splitlines() if line.startswith("| hydra | ")]
     assert len(rows) == 3  # the results table, the ensemble-gain table and the parity verdict
+    assert "## Exported graphs" in report and "| nodes without Constant |" in report  # node counts per graph
     # the recipe's compare variants (Taylor, circuit) side by side, each pruned with its own criterion
     assert all(f"| hydra-{n} |" in report for n in ("hies", "taylor", "circuit"))
     compare = json.loads((art / "compare" / "compare.json").read_text())

@@ -17,9 +17,10 @@ from export_models import (
 )
 from torch import nn
 
+from toolchain.engines.onnxrt.dynamic import check_dynamic
 from toolchain.errors import CheckFailed, GraphError
 from toolchain.export.graph import graph_summary, load_checked
-from toolchain.export.onnx_export import check_dynamic, export_onnx
+from toolchain.export.onnx_export import export_onnx
 
 
 class TestExport:

@@ -12,8 +12,9 @@ import onnx
 import pytest
 import torch
 
+from toolchain.engines.onnxrt.dynamic import check_dynamic
 from toolchain.export.lint import lint_tensorrt
-from toolchain.export.onnx_export import check_dynamic, export_onnx
+from toolchain.export.onnx_export import export_onnx
 from toolchain.export.precision import convert_precision
 from toolchain.export.stats import SHAPE_OPS, graph_stats, stats_table
 from toolchain.hydra import fuse

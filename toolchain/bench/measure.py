@@ -38,14 +38,13 @@ import numpy as np
 
 from toolchain import interrupts
 from toolchain.engines.base import Runner
+from toolchain.engines.registry import clock_of
 
 log = logging.getLogger(__name__)
 
 Feed = dict[str, np.ndarray]
 #: ``(variant name, round index or -1 for warm-up)`` handed to the optional ``on_call`` hook
 CallHook = Callable[[str, int], None]
-
-_CUDA_KINDS = ("onnxrt-cuda", "tensorrt")
 
 
 # --------------------------------------------------------------------------- variants and cases
@@ -111,8 +110,8 @@ class Case:
 
 
 def is_cuda_runner(runner: Runner) -> bool:
-    """Whether ``runner`` runs on a CUDA device (decided from its kind and device, no CUDA import)."""
-    if getattr(runner, "kind", "") in _CUDA_KINDS:
+    """Whether ``runner`` runs on a CUDA device (its kind's registered clock, or its device; no CUDA import)."""
+    if clock_of(getattr(runner, "kind", "")) == "cuda-event":
         return True
     device = getattr(runner, "device", None)
     return getattr(device, "type", None) == "cuda"

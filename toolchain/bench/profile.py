@@ -25,14 +25,10 @@ import numpy as np
 
 
 def _session(path: Path, threads: int, prefix: str, optimized: Path) -> Any:
-    import onnxruntime as ort
+    from toolchain.engines.onnxrt import open_session
 
-    from toolchain.engines.onnxrt import build_session_options
-
-    options = build_session_options(intra_op_threads=threads, inter_op_threads=1, optimized_model_path=optimized)
-    options.enable_profiling = True
-    options.profile_file_prefix = prefix
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return open_session(path, intra_op_threads=threads, inter_op_threads=1, optimized_model_path=optimized,
+                        profile_prefix=prefix)
 
 
 def op_totals(trace: Sequence[Mapping[str, Any]], runs: int) -> dict[str, Any]:

@@ -80,12 +80,11 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
         "loadavg_start": load,
         "versions": versions,
     }
-    try:
-        import onnxruntime as ort
+    from toolchain.engines.onnxrt import available_providers
 
-        info["onnxruntime_providers"] = list(ort.get_available_providers())
-    except ImportError:
-        pass
+    providers = available_providers()
+    if providers is not None:
+        info["onnxruntime_providers"] = providers
     return info
 
 

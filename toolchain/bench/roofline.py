@@ -78,12 +78,11 @@ def _best_rate(work: float, fn: Any, repeats: int, min_seconds: float = 0.0, max
 
 def _ort_matmul(weight: np.ndarray, threads: int) -> Any:
     """``x -> x @ weight`` by an ONNX Runtime CPU session (MLAS, the engines' own GEMM); None without ORT."""
-    try:
-        import onnxruntime as ort
-        from onnx import TensorProto, helper, numpy_helper
-    except ImportError:
+    from toolchain.engines.onnxrt import available_providers, open_session
+
+    if available_providers() is None:
         return None
-    from toolchain.engines.onnxrt import build_session_options
+    from onnx import TensorProto, helper, numpy_helper
 
     n = weight.shape[0]
     graph = helper.make_graph(
@@ -91,8 +90,7 @@ def _ort_matmul(weight: np.ndarray, threads: int) -> Any:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])], [numpy_helper.from_array(weight, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    options = build_session_options(intra_op_threads=threads, inter_op_threads=1)
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return open_session(model.SerializeToString(), intra_op_threads=threads, inter_op_threads=1)
 
 
 def calibrate(

@@ -52,15 +52,26 @@ from toolchain.bench.roofline import (
     resolve_peaks,
     roofline_rows,
 )
-from toolchain.engines import Runner, make_runner
+from toolchain.engines import (
+    EngineUnavailable,
+    Runner,
+    default_engines,
+    engine_kind,
+    entries_for,
+    runner_for,
+    selectable_kinds,
+)
+from toolchain.engines import thread_scope as engine_thread_scope
 from toolchain.errors import EngineError, GraphError, MissingDependencyError, ModelError
 
 log = logging.getLogger(__name__)
 
-ENGINE_KINDS = ("onnxrt-cpu", "onnxrt-cuda", "tensorrt", "torch")
+#: every kind a recipe may name (the engine registry's selectable kinds, sorted)
+ENGINE_KINDS = tuple(selectable_kinds())
 TOKEN_RANGE = (1000, 20000)
 _DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 _MEMBER = re.compile(r"^member(\d+)$")
+_FLOAT_DTYPES = ("float", "float32", "float16", "bfloat16")
 
 
 # ------------------------------------------------------------------------------- graphs.json
@@ -169,7 +180,7 @@ def make_feed(
         low, high = max(1, vocab // 10), vocab
     for entry in inputs:
         name, dims = entry["name"], list(entry.get("dims") or [])
-        if name == "pixel_values" or entry.get("dtype") in ("float", "float16", "bfloat16"):
+        if _is_float(entry):
             rest = dims[1:]
             if not rest or not all(isinstance(d, int) for d in rest):
                 raise GraphError(f"input '{name}' has dims {dims}: the image benchmark needs static C, H, W.")
@@ -183,8 +194,13 @@ def make_feed(
     return feed
 
 
+def _is_float(entry: Mapping[str, Any]) -> bool:
+    """A floating-point input (image pixels): static ``C, H, W``, no sequence axis."""
+    return entry.get("dtype") in _FLOAT_DTYPES
+
+
 def _is_text(inputs: Sequence[Mapping[str, Any]]) -> bool:
-    return not any(e["name"] == "pixel_values" for e in inputs)
+    return not any(_is_float(e) for e in inputs)
 
 
 def _cast_for(runner: Runner, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
@@ -196,25 +212,10 @@ def _cast_for(runner: Runner, feed: Mapping[str, np.ndarray]) -> dict[str, np.nd
 
 
 # ------------------------------------------------------------------------------------ runners
-def _onnx_runner(kind: str, path: Path, name: str, threads: int) -> Runner:
-    return make_runner(kind, path=path, intra_op_threads=threads, inter_op_threads=1, name=name)
-
-
-def _trt_engines(engines_dir: Path) -> dict[str, Path]:
-    path = engines_dir / "engines.json"
-    if not path.is_file():
-        raise MissingDependencyError(f"tensorrt: no engines.json in {engines_dir}; build the engines first "
-                                     "(hydra-toolchain build, on a machine with a GPU and tensorrt).")
-    data = json.loads(path.read_text())
-    if "skipped" in data:
-        raise MissingDependencyError(f"tensorrt: the build stage skipped the engines: {data['skipped']}")
-    return {name: engines_dir / info["engine"] for name, info in data.items()}
-
-
 def _torch_specs(inputs: Sequence[Mapping[str, Any]]) -> dict[str, tuple]:
     specs = {}
     for e in inputs:
-        if e["name"] == "pixel_values":
+        if _is_float(e):
             specs[e["name"]] = (np.float32, ("batch", *list(e.get("dims") or [None])[1:]))
         else:
             specs[e["name"]] = (np.int64, ("batch", "sequence"))
@@ -232,28 +233,25 @@ def build_runners(
     torch_modules: Mapping[str, Any] | None = None,
     inputs: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[dict[str, Runner], dict[str, str]]:
-    """Inactive runners of ``kind`` for the graphs it can run, and graph -> reason for the others."""
+    """Inactive runners of ``kind`` for the graphs it can run, and graph -> reason for the others.
+
+    Each runner is built from its export entry by the engine registry
+    (:func:`~toolchain.engines.runner_for`); a kind the build stage builds first reads
+    ``engines.json`` (MissingDependencyError when there is none).
+    """
+    if kind not in ENGINE_KINDS:
+        raise EngineError(f"run_bench: engine kind must be one of {ENGINE_KINDS}; got '{kind}'.")
     runners: dict[str, Runner] = {}
     missing: dict[str, str] = {}
-    trt = _trt_engines(engines_dir or Path(export_dir).parent / "build") if kind == "tensorrt" else {}
+    build_dir = engines_dir or Path(export_dir).parent / "build"
+    entries = entries_for(kind, graphs, build_dir=build_dir)
     for name in graph_names:
-        g = graphs[name]
-        if kind in ("onnxrt-cpu", "onnxrt-cuda"):
-            runners[name] = _onnx_runner(kind, Path(export_dir) / g["path"], name, threads)
-        elif kind == "tensorrt":
-            if name in trt:
-                runners[name] = make_runner("tensorrt", engine_path=trt[name], name=name)
-            else:
-                missing[name] = "no TensorRT engine built for this graph"
-        elif kind == "torch":
-            module = (torch_modules or {}).get(name)
-            if module is None:
-                missing[name] = "no torch module given for this graph"
-            else:
-                runners[name] = make_runner("torch", module=module, input_specs=_torch_specs(inputs),
-                                            output_names=list(g.get("outputs") or []) or None, name=name)
-        else:
-            raise EngineError(f"run_bench: engine kind must be one of {ENGINE_KINDS}; got '{kind}'.")
+        try:  # a built kind's entry (engines.json) completes the graph's; none: the kind says what is missing
+            runners[name] = runner_for(kind, {**graphs[name], **entries.get(name, {})}, export_dir=Path(export_dir),
+                                       build_dir=build_dir, threads=threads, name=name,
+                                       module=(torch_modules or {}).get(name), input_specs=_torch_specs(inputs))
+        except EngineUnavailable as exc:
+            missing[name] = str(exc)
     return runners, missing
 
 
@@ -319,7 +317,7 @@ def run_bench(
     threads: int = 2,
     warmup: int = 3,
     rounds: int | Mapping[int, int] = 15,
-    engines: Sequence[str] = ("onnxrt-cpu",),
+    engines: Sequence[str] | None = None,
     out_dir: Path | None = None,
     progress: bool = True,
     precisions: Sequence[str] = ("fp32",),
@@ -345,7 +343,8 @@ def run_bench(
         rounds: timed interleaved rounds per case, or batch size -> rounds (short cases afford
             more rounds; a batch size left out gets the largest count given).
         engines: runner kinds (``onnxrt-cpu``, ``onnxrt-cuda``, ``tensorrt``, ``torch``); a kind
-            whose dependencies are missing is skipped with its reason.
+            whose dependencies are missing is skipped with its reason (default: the recipe
+            default's kinds that run files, i.e. ``onnxrt-cpu``).
         out_dir: where ``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` go (None: write nothing).
         progress: tqdm bar over rounds.
         precisions: graph precisions to time (``fp32``; ``fp16``/``bf16`` where exported).
@@ -370,6 +369,8 @@ def run_bench(
     from toolchain.bench.report import machine_info, write_report
 
     export_dir = Path(export_dir)
+    if engines is None:
+        engines = [k for k in default_engines() if engine_kind(k).runs_files]
     per_batch = _rounds_per_batch(rounds, batch_sizes)
     _check_settings(batch_sizes, sequence_length, threads, warmup, min(per_batch.values()), engines)
     graphs = read_graphs(export_dir)
@@ -527,20 +528,9 @@ def _bench_engine(
             if cast is not None:
                 own[v.name] = cast
         cases.append(Case(key(b), feed, own, rounds[b]))
-    previous_threads = None
-    if kind == "torch":
-        import torch
-
-        previous_threads = torch.get_num_threads()
-        torch.set_num_threads(threads)
-    try:
+    with engine_thread_scope(kind, threads):  # torch: its global intra-op pool
         results = measure(variants, cases, warmup=warmup, rounds=max(rounds.values()), progress=progress,
                           description=kind)
-    finally:
-        if previous_threads is not None:
-            import torch
-
-            torch.set_num_threads(previous_threads)
     info = {
         "status": "ok",
         "variants": {v.name: {"graphs": v.meta["graphs"], "runners": len(v.runners), "clock": results[0].clocks[v.name],

@@ -1,10 +1,39 @@
-"""Inference backends behind one runner contract (torch, ONNX Runtime, TensorRT).
+"""Inference backends behind one runner contract (torch, ONNX Runtime, TensorRT), and their registry.
 
 Importing this package never imports tensorrt, onnxruntime-gpu or CUDA: each backend lives in
-its own sub-package and is loaded by :func:`make_runner` when its kind is asked for.
+its own sub-package and is loaded by :func:`make_runner` when its kind is asked for. Every
+engine kind is declared once in :mod:`toolchain.engines.kinds` (an :class:`EngineKind`).
 """
 
+from toolchain.engines import kinds as _kinds  # noqa: F401  (registers the built-in kinds)
 from toolchain.engines.base import Runner, ShapeLimits, TensorSpec, check_feed
-from toolchain.engines.registry import make_runner, register_runner, runner_kinds
+from toolchain.engines.registry import (
+    EngineKind,
+    EngineUnavailable,
+    candidate_label,
+    clock_of,
+    default_engines,
+    engine_kind,
+    engine_kinds,
+    entries_for,
+    kinds_for_suffix,
+    known_suffixes,
+    make_runner,
+    read_built,
+    reference_kind,
+    register_kind,
+    register_runner,
+    resolve_kind,
+    runner_for,
+    runner_kinds,
+    selectable_kinds,
+    split_label,
+    thread_scope,
+)
 
-__all__ = ["Runner", "ShapeLimits", "TensorSpec", "check_feed", "make_runner", "register_runner", "runner_kinds"]
+__all__ = [
+    "EngineKind", "EngineUnavailable", "Runner", "ShapeLimits", "TensorSpec", "candidate_label", "check_feed",
+    "clock_of", "default_engines", "engine_kind", "engine_kinds", "entries_for", "kinds_for_suffix",
+    "known_suffixes", "make_runner", "read_built", "reference_kind", "register_kind", "register_runner",
+    "resolve_kind", "runner_for", "runner_kinds", "selectable_kinds", "split_label", "thread_scope",
+]

@@ -1,4 +1,12 @@
-"""``make_runner(kind, **kw)``: one place that maps a runner kind to its backend.
+"""The engine-kind registry: one :class:`EngineKind` per runner kind says everything callers need.
+
+A kind declares how its runner is made (``make_runner(kind, **kw)``) and how it is built from an
+export entry (a ``graphs.json`` entry, or for a kind the build stage builds first, an
+``engines.json`` entry), the file suffixes it runs, whether it needs a GPU, which clock times it,
+which precisions it runs (and which kind stands in for a precision it cannot run), whether the
+build stage must build it, whether it may be named in a recipe. Callers (stages, bench, CLI)
+ask the registry instead of branching on kind names; adding a kind is one :func:`register_kind`
+call (see :mod:`toolchain.engines.kinds`).
 
 Backends are imported only when their kind is asked for, so ``import toolchain.engines`` works
 on a CPU machine without tensorrt or onnxruntime-gpu.
@@ -6,64 +14,169 @@ on a CPU machine without tensorrt or onnxruntime-gpu.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import contextlib
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
 from toolchain.engines.base import Runner
-from toolchain.errors import EngineError
+from toolchain.errors import EngineError, MissingDependencyError
 
 Factory = Callable[..., Runner]
+Clock = Literal["wall", "cuda-event"]
+Entry = Mapping[str, Any]
 
 
-def _torch(**kw: Any) -> Runner:
-    from toolchain.engines.torch_ref import TorchRunner
-
-    return TorchRunner(**kw)
+class EngineUnavailable(MissingDependencyError):
+    """A kind cannot run an entry here (no built engine for the graph, no module given ...)."""
 
 
-def _onnxrt_cpu(**kw: Any) -> Runner:
-    from toolchain.engines.onnxrt import OnnxrtRunner
+@dataclass(frozen=True)
+class EntryArgs:
+    """What building a runner from an export entry may use besides the entry itself.
 
-    return OnnxrtRunner(provider="cpu", **kw)
+    Attributes:
+        export_dir: the export folder (``graphs.json`` paths are relative to it).
+        build_dir: the build folder (``engines.json`` paths are relative to it).
+        threads: intra-op threads (CPU kinds).
+        name: the runner's name in messages and reports.
+        module: the PyTorch module, for a kind that runs one (``suffixes`` empty).
+        input_specs: ``name -> (dtype, shape)`` of the module's inputs.
+    """
 
-
-def _onnxrt_cpu_bf16emu(**kw: Any) -> Runner:
-    from toolchain.engines.onnxrt.bf16emu import OnnxrtBf16EmuRunner
-
-    return OnnxrtBf16EmuRunner(**kw)
-
-
-def _onnxrt_cuda(**kw: Any) -> Runner:
-    from toolchain.engines.onnxrt import OnnxrtRunner
-
-    return OnnxrtRunner(provider="cuda", **kw)
-
-
-def _tensorrt(**kw: Any) -> Runner:
-    from toolchain.engines.tensorrt import TrtRunner
-
-    return TrtRunner(**kw)
+    export_dir: Path | None = None
+    build_dir: Path | None = None
+    threads: int = 0
+    name: str | None = None
+    module: Any = None
+    input_specs: Mapping[str, tuple] | None = None
 
 
-_REGISTRY: dict[str, Factory] = {
-    "torch": _torch,
-    "onnxrt-cpu": _onnxrt_cpu,
-    "onnxrt-cpu-bf16emu": _onnxrt_cpu_bf16emu,
-    "onnxrt-cuda": _onnxrt_cuda,
-    "tensorrt": _tensorrt,
-}
+@dataclass(frozen=True)
+class EngineKind:
+    """Everything about one runner kind.
+
+    Attributes:
+        name: the kind (``"onnxrt-cpu"``), as in recipes, reports and parity labels.
+        factory: ``factory(**kw) -> Runner`` (:func:`make_runner`).
+        from_entry: ``(entry, EntryArgs) -> Runner`` from a ``graphs.json`` entry (``path``,
+            ``precision``, ``kind``, ``inputs``, ``outputs``) or, when ``needs_build``, an
+            ``engines.json`` entry (``engine``, ``precision``, ``onnx``).
+        suffixes: file suffixes it runs, the first one the file it writes (``(".onnx",)``;
+            empty: it runs a PyTorch module, not a file).
+        file_label: what its file is called in messages (``"ONNX file"``, ``"engine"``).
+        runtime: what runs it, in messages (``"ONNX Runtime"``, ``"TensorRT"``).
+        gpu: it needs a CUDA GPU.
+        clock: ``"wall"`` (``perf_counter``) or ``"cuda-event"`` (CUDA events) in the bench.
+        precisions: graph precisions it runs.
+        substitutes: precision -> the kind that runs such graphs in its place.
+        unsupported: precision -> why it does not run such graphs (recorded as skipped).
+        needs_build: the ``build`` stage must build its files from the export first.
+        builder: ``(onnx_path, out_path, *, precision, profile, timing_cache) -> Path`` when
+            ``needs_build``; ``build_filter(entry)`` picks the graphs it builds.
+        selectable: it may be named in a recipe's ``engines`` and by ``infer --engine`` (False
+            for a kind used only as a substitute).
+        default: in a recipe's default ``engines`` list.
+        reference: the kind that runs the PyTorch reference in parity.
+        rescuable: parity ``--rescue`` searches FP32 islands for its failing FP16/BF16 graphs.
+        thread_scope: ``threads -> context manager`` around a benchmark of its runners (torch's
+            global thread pool).
+        inspect_file: ``path -> (input specs known before loading, value limits)`` for ``infer``.
+    """
+
+    name: str
+    factory: Factory
+    from_entry: Callable[[Entry, EntryArgs], Runner] | None = None
+    suffixes: tuple[str, ...] = ()
+    file_label: str = "file"
+    runtime: str = ""
+    gpu: bool = False
+    clock: Clock = "wall"
+    precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    substitutes: Mapping[str, str] = field(default_factory=dict)
+    unsupported: Mapping[str, str] = field(default_factory=dict)
+    needs_build: bool = False
+    builder: Callable[..., Path] | None = None
+    build_filter: Callable[[Entry], bool] = lambda entry: True
+    selectable: bool = True
+    default: bool = False
+    reference: bool = False
+    rescuable: bool = False
+    thread_scope: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None
+    inspect_file: Callable[[Path], tuple[dict[str, Any], Any]] | None = None
+
+    @property
+    def suffix(self) -> str | None:
+        """The suffix of the file it runs (``.onnx``, ``.engine``); None for a module runner."""
+        return self.suffixes[0] if self.suffixes else None
+
+    @property
+    def runs_files(self) -> bool:
+        """It runs exported files (not a PyTorch module)."""
+        return bool(self.suffixes)
+
+
+_REGISTRY: dict[str, EngineKind] = {}
+
+
+def register_kind(spec: EngineKind) -> EngineKind:
+    """Add an engine kind (registration order is the order kinds are listed and tried in)."""
+    if spec.name in _REGISTRY:
+        raise EngineError(f"runner kind '{spec.name}' is already registered.")
+    if spec.needs_build and spec.builder is None:
+        raise EngineError(f"runner kind '{spec.name}' needs a build but declares no builder.")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def register_runner(kind: str, factory: Factory, **spec: Any) -> None:
+    """Add a backend; ``factory(**kw)`` returns a :class:`Runner`; ``spec``: more :class:`EngineKind` fields."""
+    register_kind(EngineKind(kind, factory, **spec))
 
 
 def runner_kinds() -> list[str]:
-    """The registered runner kinds."""
+    """The registered runner kinds, sorted."""
     return sorted(_REGISTRY)
 
 
-def register_runner(kind: str, factory: Factory) -> None:
-    """Add a backend; ``factory(**kw)`` returns a :class:`Runner`."""
-    if kind in _REGISTRY:
-        raise EngineError(f"runner kind '{kind}' is already registered.")
-    _REGISTRY[kind] = factory
+def engine_kind(kind: str) -> EngineKind:
+    """The :class:`EngineKind` of ``kind`` (EngineError naming the known kinds otherwise)."""
+    spec = _REGISTRY.get(kind)
+    if spec is None:
+        raise EngineError(f"unknown runner kind '{kind}'; choose one of {runner_kinds()}.")
+    return spec
+
+
+def engine_kinds(*, selectable: bool | None = None) -> list[EngineKind]:
+    """The registered kinds in registration order (only the selectable ones with ``selectable=True``)."""
+    return [s for s in _REGISTRY.values() if selectable is None or s.selectable == selectable]
+
+
+def selectable_kinds() -> list[str]:
+    """Kinds a recipe's ``engines`` and ``infer --engine`` may name, sorted."""
+    return sorted(s.name for s in engine_kinds(selectable=True))
+
+
+def default_engines() -> list[str]:
+    """A recipe's default ``engines`` list (registration order)."""
+    return [s.name for s in engine_kinds(selectable=True) if s.default]
+
+
+def reference_kind() -> str:
+    """The kind that runs the PyTorch reference module."""
+    return next(s.name for s in _REGISTRY.values() if s.reference)
+
+
+def kinds_for_suffix(suffix: str) -> list[str]:
+    """Selectable kinds that run files with this suffix (``.onnx``), in registration order."""
+    return [s.name for s in engine_kinds(selectable=True) if suffix.lower() in s.suffixes]
+
+
+def known_suffixes() -> list[str]:
+    """Every file suffix some selectable kind runs."""
+    return list(dict.fromkeys(x for s in engine_kinds(selectable=True) for x in s.suffixes))
 
 
 def make_runner(kind: str, **kw: Any) -> Runner:
@@ -76,7 +189,79 @@ def make_runner(kind: str, **kw: Any) -> Runner:
         make_runner("onnxrt-cpu-bf16emu", path=Path("model.bf16.onnx"))  # BF16 graph, exact BF16 rounding
         make_runner("tensorrt", engine_path=Path("model.engine"))
     """
-    factory = _REGISTRY.get(kind)
-    if factory is None:
-        raise EngineError(f"unknown runner kind '{kind}'; choose one of {runner_kinds()}.")
-    return factory(**kw)
+    return engine_kind(kind).factory(**kw)
+
+
+def resolve_kind(kind: str, precision: str) -> str | None:
+    """The kind that runs ``kind``'s graphs of ``precision``: itself, its substitute, or None."""
+    spec = engine_kind(kind)
+    if precision in spec.precisions:
+        return kind
+    return spec.substitutes.get(precision)
+
+
+def runner_for(
+    kind: str,
+    entry: Entry,
+    *,
+    export_dir: Path | None = None,
+    build_dir: Path | None = None,
+    threads: int = 0,
+    name: str | None = None,
+    module: Any = None,
+    input_specs: Mapping[str, tuple] | None = None,
+) -> Runner:
+    """A runner of ``kind`` (inactive) for one export entry; :class:`EngineUnavailable` when it cannot.
+
+    Example::
+
+        graphs = json.loads((export_dir / "graphs.json").read_text())
+        runner_for("onnxrt-cpu", graphs["hydra-conv"], export_dir=export_dir, threads=2, name="hydra-conv")
+    """
+    spec = engine_kind(kind)
+    if spec.from_entry is None:
+        raise EngineError(f"runner kind '{kind}' cannot be built from an export entry.")
+    return spec.from_entry(entry, EntryArgs(export_dir=export_dir, build_dir=build_dir, threads=threads, name=name,
+                                            module=module, input_specs=input_specs))
+
+
+def read_built(build_dir: Path, kind: str) -> dict[str, dict[str, Any]]:
+    """Graph name -> ``engines.json`` entry of what the build stage built (MissingDependencyError if nothing)."""
+    path = Path(build_dir) / "engines.json"
+    if not path.is_file():
+        raise MissingDependencyError(f"{kind}: no engines.json in {build_dir}; build the engines first "
+                                     "(hydra-toolchain build, on a machine with a GPU and tensorrt).")
+    data = json.loads(path.read_text())
+    if "skipped" in data:
+        raise MissingDependencyError(f"{kind}: the build stage skipped the engines: {data['skipped']}")
+    return dict(data)
+
+
+def entries_for(kind: str, graphs: Mapping[str, Entry], *, build_dir: Path) -> dict[str, Entry]:
+    """The entries ``kind`` runs: ``graphs`` itself, or for a kind built first, ``engines.json``."""
+    return read_built(build_dir, kind) if engine_kind(kind).needs_build else dict(graphs)
+
+
+@contextlib.contextmanager
+def thread_scope(kind: str, threads: int) -> Iterator[None]:
+    """Whatever ``kind`` needs set around a benchmark with ``threads`` threads (torch's pool)."""
+    scope = engine_kind(kind).thread_scope
+    with scope(threads) if scope is not None else contextlib.nullcontext():
+        yield
+
+
+def clock_of(kind: str) -> Clock | None:
+    """``"wall"`` or ``"cuda-event"`` for a registered kind; None for an unregistered one."""
+    spec = _REGISTRY.get(kind)
+    return spec.clock if spec is not None else None
+
+
+def candidate_label(kind: str, graph: str) -> str:
+    """``"<kind>:<graph>"``: an engine's label in parity reports."""
+    return f"{kind}:{graph}"
+
+
+def split_label(label: str) -> tuple[str, str]:
+    """``(kind, graph)`` of a :func:`candidate_label`."""
+    kind, _, graph = label.partition(":")
+    return kind, graph

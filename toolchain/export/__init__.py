@@ -2,16 +2,14 @@
 
 from toolchain.export.graph import graph_summary, load_checked
 from toolchain.export.lint import Finding, LintReport, lint_tensorrt
-from toolchain.export.onnx_export import DynamicCheckReport, ExportResult, check_dynamic, export_onnx
+from toolchain.export.onnx_export import ExportResult, export_onnx
 from toolchain.export.precision import PrecisionResult, convert_precision, write_precision_variant
 
 __all__ = [
-    "DynamicCheckReport",
     "ExportResult",
     "Finding",
     "LintReport",
     "PrecisionResult",
-    "check_dynamic",
     "convert_precision",
     "export_onnx",
     "graph_summary",

@@ -22,8 +22,8 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
+from toolchain.artifacts import atomic_write_json
 from toolchain.errors import GraphError
-from toolchain.export.fileio import atomic_write_json
 
 #: Metadata key under which :func:`export_onnx` records the example (export) input shapes.
 EXPORT_SHAPES_KEY = "hydra.export_input_shapes"

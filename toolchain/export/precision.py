@@ -39,8 +39,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from toolchain.artifacts import atomic_write_json
 from toolchain.errors import GraphError
-from toolchain.export.fileio import atomic_write_json
 from toolchain.export.graph import load_checked, write_summary
 from toolchain.export.precision_rules import (
     DEFAULT_KEEP_FP32_OPS,

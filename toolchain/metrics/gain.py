@@ -47,16 +47,19 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from toolchain.metrics._validation import MetricInputError, as_labels, as_member_logits, as_n_bins
-from toolchain.metrics.classification import DEFAULT_N_BINS, NLL_EPS, accuracy, bin_index, brier, ece, nll
+from toolchain.metrics.classification import DEFAULT_N_BINS, NLL_EPS, bin_index
 from toolchain.metrics.ood import auroc
+from toolchain.metrics.registry import UQ_METRICS, view_keys
 from toolchain.metrics.scores import entropy_score, member_probs, msp_score, mutual_information
 
 __all__ = ["GAIN_METRICS", "LOWER_IS_BETTER", "bootstrap_auroc", "ensemble_gain"]
 
 #: Metric keys of :func:`ensemble_gain`, in order; the last three need OOD logits.
-GAIN_METRICS: tuple[str, ...] = ("nll", "ece", "brier", "accuracy", "auroc_msp", "auroc_entropy", "auroc_mi")
+GAIN_METRICS: tuple[str, ...] = tuple(view_keys("gain"))
 #: Metrics where lower is better (their gain is ``members_mean - ensemble``).
-LOWER_IS_BETTER: tuple[str, ...] = ("nll", "ece", "brier")
+LOWER_IS_BETTER: tuple[str, ...] = tuple(k for k in GAIN_METRICS if not UQ_METRICS[k].higher_is_better)
+#: ID gain metrics (from the ensemble's and members' ID probabilities), in order
+_ID_GAIN: tuple[str, ...] = tuple(k for k in GAIN_METRICS if UQ_METRICS[k].needs == "id")
 
 
 def bootstrap_auroc(
@@ -191,9 +194,10 @@ def ensemble_gain(
 
     out: dict[str, dict[str, Any]] = {}
     per_sample = [_per_sample(p, y) for p in models]
-    point = {"nll": nll, "ece": ece, "brier": brier, "accuracy": accuracy}
-    for key, fn in point.items():
-        values = np.array([fn(p, y, n_bins) if key == "ece" else fn(p, y) for p in models])
+    for key in _ID_GAIN:
+        fn = UQ_METRICS[key].fn
+        assert fn is not None  # every ID metric has its function
+        values = np.array([fn(p, y, n_bins) for p in models])
         if key == "ece":
             boot = np.stack([_bootstrap_ece(p, y, idx_id, n_bins) for p in models])
         else:

@@ -6,23 +6,24 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from toolchain.metrics._validation import MetricInputError, as_labels, as_member_logits, as_probs
-from toolchain.metrics.classification import DEFAULT_N_BINS, accuracy, brier, ece, nll
-from toolchain.metrics.ood import failure_auroc, ood_metrics
+from toolchain.metrics.classification import DEFAULT_N_BINS
+from toolchain.metrics.ood import ood_metrics
+from toolchain.metrics.registry import OOD_METRIC_INFO, OOD_SCORE_NEEDS, UQ_METRICS
 from toolchain.metrics.scores import disagreement, entropy_score, msp_score, mutual_information
 
 #: Keys always present in :func:`uq_report`, in order.
-BASE_KEYS: tuple[str, ...] = ("accuracy", "nll", "brier", "ece", "failure_auroc")
+BASE_KEYS: tuple[str, ...] = tuple(k for k, m in UQ_METRICS.items() if m.needs == "id")
 #: OOD score names, in report order: the first two need ``probs_ood``, the last two need both
 #: ``member_logits_id`` and ``member_logits_ood``.
-OOD_SCORES: tuple[str, ...] = ("msp", "entropy", "mi", "disagreement")
+OOD_SCORES: tuple[str, ...] = tuple(OOD_SCORE_NEEDS)
 #: Per-score OOD metric prefixes, in report order.
-OOD_METRICS: tuple[str, ...] = ("auroc", "aupr", "fpr95")
+OOD_METRICS: tuple[str, ...] = tuple(OOD_METRIC_INFO)
 
 
 def report_keys(with_probs_ood: bool, with_members: bool) -> tuple[str, ...]:
-    """Return the keys :func:`uq_report` gives, in order, for the given inputs."""
-    names = (["msp", "entropy"] if with_probs_ood else []) + (["mi", "disagreement"] if with_members else [])
-    return BASE_KEYS + tuple(f"{m}_{s}" for s in names for m in OOD_METRICS)
+    """Return the keys :func:`uq_report` gives, in order, for the given inputs (the metric registry's order)."""
+    given = {"id"} | ({"probs_ood"} if with_probs_ood else set()) | ({"members"} if with_members else set())
+    return tuple(k for k, m in UQ_METRICS.items() if m.needs in given)
 
 
 def _check_members(name: str, value: ArrayLike, n: int | None, n_classes: int) -> np.ndarray:
@@ -79,13 +80,7 @@ def uq_report(
             "member_logits_id / member_logits_ood: give both (for the mi and disagreement OOD scores) or neither."
         )
 
-    out: dict[str, float] = {
-        "accuracy": accuracy(p_id, y_id),
-        "nll": nll(p_id, y_id),
-        "brier": brier(p_id, y_id),
-        "ece": ece(p_id, y_id, n_bins),
-        "failure_auroc": failure_auroc(p_id, y_id),
-    }
+    out: dict[str, float] = {k: UQ_METRICS[k].fn(p_id, y_id, n_bins) for k in BASE_KEYS}  # type: ignore[misc]
 
     scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     if probs_ood is not None:

@@ -19,8 +19,12 @@ without editing their source:
   in the config (``hydra_heads_per_layer``) so :func:`toolchain.models.load_model` can rebuild
   the pruned shapes and reload the weights.
 
-Adding a family means writing one :class:`ModelAdapter` subclass and registering it with
-:func:`register_adapter`; nothing else in the pipeline asks which family a model is.
+Adding a family means writing one :class:`ModelAdapter` subclass that declares the family's
+facts (Hugging Face ``model_types``, classes, inputs, tokenizer use, ``from_config``, example
+inputs), registering it with :func:`register_adapter` (its module imported in
+``toolchain/models/__init__.py``), and a tiny model in :mod:`toolchain.models.tiny`. Nothing
+outside :mod:`toolchain.models` names a family: the pipeline asks the registry
+(:mod:`toolchain.models.registry`) and the adapter.
 """
 
 from __future__ import annotations
@@ -28,15 +32,17 @@ from __future__ import annotations
 import contextlib
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
 from transformers.pytorch_utils import prune_linear_layer
 
 NormStyle = Literal["post", "pre"]
+#: what a family needs a tokenizer for: its own inputs (text), class prompts (zero-shot), or nothing
+TokenizerUse = Literal["inputs", "prompts"] | None
 
 #: config attribute holding the per-layer head counts of a pruned model
 HEADS_ATTR = "hydra_heads_per_layer"
@@ -92,6 +98,43 @@ class LayerView:
         return out
 
 
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input as engines and exporters see it.
+
+    ``dtype`` is a numpy dtype name (``"int64"``, ``"float32"``); ``axes`` has one entry per
+    dimension: a dynamic axis name (``"batch"``, ``"sequence"``) or ``None`` for a static size
+    (taken from an example input).
+    """
+
+    name: str
+    dtype: str
+    axes: tuple[str | None, ...]
+
+    def dynamic_axes(self) -> dict[int, str]:
+        """``{dimension: axis name}`` of the dynamic dimensions (the ONNX exporter's ``dynamic_axes``)."""
+        return {i: a for i, a in enumerate(self.axes) if a is not None}
+
+    def shape(self, example: Sequence[int], sizes: Mapping[str, Any] | None = None) -> tuple:
+        """The shape: dynamic axes as ``sizes[axis]`` (the axis name when ``sizes`` is None).
+
+        Static axes take their size from ``example`` (the shape of an example input).
+        """
+        return tuple(int(example[i]) if a is None else (a if sizes is None else sizes[a])
+                     for i, a in enumerate(self.axes))
+
+
+#: the inputs of a BERT-style text model and of an image model
+TEXT_AXES: tuple[str, str] = ("batch", "sequence")
+IMAGE_AXES: tuple[str, None, None, None] = ("batch", None, None, None)
+
+
+def random_pixels(batch: int, channels: int, size: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """``pixel_values``: standard normal float32 ``[batch, channels, size, size]`` from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return {"pixel_values": torch.randn(batch, channels, size, size, generator=g)}
+
+
 _REGISTRY: list[type[ModelAdapter]] = []
 
 
@@ -114,9 +157,10 @@ def adapter_for(model: nn.Module, **kwargs: object) -> ModelAdapter:
         if cls.handles(model):
             return cls(model, **kwargs)
     families = ", ".join(c.family for c in _REGISTRY)
+    classes = ", ".join(n for c in _REGISTRY for n in c.model_classes)
     raise ModelError(
         f"model class {type(model).__name__} is not a supported family (supported: {families}).",
-        hint="Use a BERT-family encoder, ViTForImageClassification or CLIPModel checkpoint.",
+        hint=f"Use a model of one of these classes: {classes}.",
     )
 
 
@@ -128,14 +172,68 @@ class ModelAdapter(ABC):
     ``attention_mask`` / ``token_type_ids`` for text, ``pixel_values`` for images).
     """
 
+    # ------------------------------------------------------------- family facts
+    #: the family's name (recipes' ``model.family``; the registry's key)
     family: ClassVar[str]
+    #: Hugging Face ``config.json`` ``model_type`` values of this family's checkpoints
+    model_types: ClassVar[tuple[str, ...]]
+    #: transformers classes: for classification, for a bare encoder, the config
+    classifier_class: ClassVar[str]
+    encoder_class: ClassVar[str]
+    config_class: ClassVar[str]
     #: model classes (by ``type(model).__name__``) this adapter handles
     model_classes: ClassVar[tuple[str, ...]]
-    #: names of the batch tensors the forward takes, in order
+    #: the batch tensors the forward takes, in order (names, dtypes, dynamic axes)
+    inputs: ClassVar[tuple[InputSpec, ...]]
+    #: names of the batch tensors the forward takes, in order (from ``inputs``)
     input_names: ClassVar[tuple[str, ...]]
+    #: the data the family reads
+    modality: ClassVar[Literal["text", "image"]]
+    #: what the family needs a tokenizer for: ``"inputs"`` (text), ``"prompts"`` (class prompts), None
+    tokenizer_use: ClassVar[TokenizerUse] = None
+    #: LayerNorm placement of its blocks (the fused Hydra block follows it; see :class:`LayerView`)
+    norm_style: ClassVar[NormStyle]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "inputs" in cls.__dict__:
+            cls.input_names = tuple(spec.name for spec in cls.inputs)
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
+
+    # --------------------------------------------------------- building (class level)
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], num_labels: int) -> nn.Module:
+        """An untrained classifier (eval mode) from a Hugging Face config dict, for ``num_labels`` classes."""
+        import transformers
+
+        cfg = getattr(transformers, cls.config_class)(**{**dict(config), "num_labels": num_labels})
+        return getattr(transformers, cls.classifier_class)(cfg).eval()
+
+    @classmethod
+    def relabel(cls, config: Any, num_labels: int) -> None:
+        """Give a checkpoint's config a new classification head of ``num_labels`` (default: keep the config's)."""
+        del config, num_labels
+
+    @classmethod
+    def construction_kwargs(cls, tokenizer: Any, class_names: Sequence[str], prompt_template: str) -> dict:
+        """Adapter arguments that come from the data (e.g. tokenised class prompts); default none."""
+        return {}
+
+    @classmethod
+    @abstractmethod
+    def example_inputs(cls, batch: int, *, sequence: int, image_size: int, num_channels: int,
+                       seed: int = 0) -> dict[str, torch.Tensor]:
+        """Generated inputs named and typed as ``inputs`` (export, parity and engine feeds).
+
+        ``sequence`` is the token count (text), ``image_size`` / ``num_channels`` the image shape.
+        """
+
+    @classmethod
+    def input_specs(cls) -> dict[str, InputSpec]:
+        """``inputs`` by name."""
+        return {spec.name: spec for spec in cls.inputs}
 
     # ----------------------------------------------------------------- family hooks
     @classmethod

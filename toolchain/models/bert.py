@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import nn
 
-from toolchain.models.base import LayerView, ModelAdapter, register_adapter
+from toolchain.models.base import TEXT_AXES, InputSpec, LayerView, ModelAdapter, register_adapter
 
 
 def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
@@ -57,9 +58,37 @@ class BertAdapter(ModelAdapter):
     """BERT encoders: the packaged all-MiniLM-L6-v2 and any ``BertConfig``."""
 
     family = "bert"
+    model_types = ("bert",)
+    classifier_class = "BertForSequenceClassification"
+    encoder_class = "BertModel"
+    config_class = "BertConfig"
     model_classes = ("BertModel", "BertForSequenceClassification")
-    input_names = ("input_ids", "attention_mask", "token_type_ids")
+    inputs = (InputSpec("input_ids", "int64", TEXT_AXES), InputSpec("attention_mask", "int64", TEXT_AXES),
+              InputSpec("token_type_ids", "int64", TEXT_AXES))
     modality = "text"
+    tokenizer_use = "inputs"
+    norm_style = "post"
+
+    @classmethod
+    def relabel(cls, config: Any, num_labels: int) -> None:
+        """A fresh classification head for the data's classes."""
+        config.num_labels = num_labels
+
+    @classmethod
+    def example_inputs(cls, batch: int, *, sequence: int, image_size: int, num_channels: int,
+                       seed: int = 0) -> dict[str, torch.Tensor]:
+        """Random WordPiece ids (1000..20000, ``[CLS]`` = 101 first) with ragged padding.
+
+        Row ``i`` keeps ``sequence - 3 * i`` tokens (at least 2); padded positions have id 0.
+        """
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(1000, 20000, (batch, sequence), generator=g)
+        mask = torch.ones(batch, sequence, dtype=torch.long)
+        for i in range(batch):
+            mask[i, max(2, sequence - 3 * i):] = 0
+        ids[:, 0] = 101
+        ids = ids * mask
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
 
     @property
     def encoder_model(self) -> nn.Module:
@@ -86,7 +115,7 @@ class BertAdapter(ModelAdapter):
                     fc2=layer.output.dense,
                     act=layer.intermediate.intermediate_act_fn,
                     act_name=str(self.model.config.hidden_act),
-                    norm_style="post",
+                    norm_style=self.norm_style,
                     head_dim=sa.attention_head_size,
                     scaling=float(sa.scaling),
                     heads_attr="num_attention_heads",
@@ -128,5 +157,5 @@ class BertAdapter(ModelAdapter):
             "layer_norm_eps": float(c.layer_norm_eps),
             "hidden_act": str(c.hidden_act),
             "num_labels": int(getattr(c, "num_labels", 0) or 0),
-            "norm_style": "post",
+            "norm_style": self.norm_style,
         }

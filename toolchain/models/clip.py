@@ -10,11 +10,16 @@ the text tower does not run at inference.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from toolchain.models.base import LayerView, ModelAdapter, register_adapter
+from toolchain.models.base import IMAGE_AXES, InputSpec, LayerView, ModelAdapter, random_pixels, register_adapter
+
+#: tokens per class prompt
+PROMPT_TOKENS = 16
 
 
 class CLIPVisionEmbeddingStage(nn.Module):
@@ -53,9 +58,36 @@ class CLIPAdapter(ModelAdapter):
     """CLIP dual encoder; ``prompts`` holds the tokenised class prompts (one row per class)."""
 
     family = "clip"
+    model_types = ("clip",)
+    classifier_class = "CLIPModel"
+    encoder_class = "CLIPModel"
+    config_class = "CLIPConfig"
     model_classes = ("CLIPModel",)
-    input_names = ("pixel_values",)
+    inputs = (InputSpec("pixel_values", "float32", IMAGE_AXES),)
     modality = "image"
+    tokenizer_use = "prompts"
+    norm_style = "pre"
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], num_labels: int) -> nn.Module:
+        """An untrained ``CLIPModel``; the classes come from the prompts, so ``num_labels`` is unused."""
+        import transformers
+
+        del num_labels
+        return transformers.CLIPModel(transformers.CLIPConfig(**dict(config))).eval()
+
+    @classmethod
+    def construction_kwargs(cls, tokenizer: Any, class_names: Sequence[str], prompt_template: str) -> dict:
+        """``prompts``: the class prompts (``prompt_template.format(class)``) tokenised."""
+        texts = [prompt_template.format(c) for c in class_names]
+        enc = tokenizer(texts, padding=True, truncation=True, max_length=PROMPT_TOKENS, return_tensors="pt")
+        return {"prompts": {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}}
+
+    @classmethod
+    def example_inputs(cls, batch: int, *, sequence: int, image_size: int, num_channels: int,
+                       seed: int = 0) -> dict[str, torch.Tensor]:
+        """Standard normal ``pixel_values [batch, 3, image_size, image_size]`` (CLIP's vision tower is RGB)."""
+        return random_pixels(batch, 3, image_size, seed)
 
     def __init__(self, model: nn.Module, prompts: dict[str, torch.Tensor] | None = None,
                  tower: str = "vision") -> None:
@@ -100,7 +132,7 @@ class CLIPAdapter(ModelAdapter):
                     fc2=layer.mlp.fc2,
                     act=layer.mlp.activation_fn,
                     act_name=str(self._tower().config.hidden_act),
-                    norm_style="pre",
+                    norm_style=self.norm_style,
                     head_dim=int(att.head_dim),
                     scaling=float(att.scale),
                     heads_attr="num_heads",
@@ -170,7 +202,7 @@ class CLIPAdapter(ModelAdapter):
             "layer_norm_eps": float(vc.layer_norm_eps),
             "hidden_act": str(vc.hidden_act),
             "num_labels": int(self._require_prompts()["input_ids"].shape[0]) if self.prompts else 0,
-            "norm_style": "pre",
+            "norm_style": self.norm_style,
             "image_size": int(vc.image_size),
             "num_channels": int(vc.num_channels),
         }

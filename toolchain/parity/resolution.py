@@ -62,7 +62,10 @@ ULPS = 4.0
 
 def is_rank_metric(metric: str) -> bool:
     """True for ``failure_auroc``, ``auroc_*``, ``aupr_*``, ``fpr95_*``."""
-    return metric == "failure_auroc" or metric.startswith(RANK_PREFIXES[1:])
+    from toolchain.metrics.registry import uq_metric
+
+    known = uq_metric(metric)  # the registry's rank flag; a key it does not know: by its prefix
+    return known.rank if known is not None else metric.startswith(RANK_PREFIXES[1:])
 
 
 @dataclass(frozen=True)

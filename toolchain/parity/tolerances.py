@@ -313,7 +313,10 @@ def resolve_tolerance(tolerances: Mapping[str, Tolerance], output: str) -> Toler
 
 def resolve_metric_tolerance(tolerances: Mapping[str, MetricTolerance], metric: str) -> MetricTolerance:
     """The tolerance of a UQ metric: exact key, else its family (``auroc_msp`` -> ``auroc``), else ``""``."""
-    for key in (metric, metric.split("_", 1)[0], ""):
+    from toolchain.metrics.registry import uq_metric
+
+    known = uq_metric(metric)
+    for key in (metric, known.family if known is not None else metric.split("_", 1)[0], ""):
         if key in tolerances:
             return tolerances[key]
     raise ToleranceError(f"no UQ tolerance for metric '{metric}' and no default ('' key) in {sorted(tolerances)}.")

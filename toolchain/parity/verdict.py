@@ -39,8 +39,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from toolchain.artifacts import atomic_write_bytes
 from toolchain.errors import CheckFailed, MissingDependencyError, ToolchainError
-from toolchain.export.fileio import atomic_write_bytes
 
 __all__ = ["SCHEMA", "Check", "Verdict"]
 

@@ -13,9 +13,10 @@ from toolchain.pipeline import Context, stage
 def bench_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """Interleaved latency rounds on every engine the recipe names (``latency.{json,md,png}``)."""
     from toolchain.bench import run_bench
+    from toolchain.engines import engine_kind
 
     b = ctx.recipe.bench
-    engines = [e for e in ctx.recipe.engines if e != "torch"]
+    engines = [e for e in ctx.recipe.engines if engine_kind(e).runs_files]  # no PyTorch modules here
     result = run_bench(ctx.stage_dir("export"), batch_sizes=b.batch_sizes, sequence_length=b.sequence_length,
                        threads=b.threads, warmup=b.warmup, rounds=b.rounds, engines=engines, out_dir=work,
                        progress=ctx.progress)

@@ -1,4 +1,4 @@
-"""Stage ``build``: TensorRT engines where TensorRT and a CUDA GPU exist."""
+"""Stage ``build``: engines the registry says must be built first (TensorRT), where their toolkit and GPU exist."""
 
 from __future__ import annotations
 
@@ -14,26 +14,30 @@ from toolchain.stages.common import trt_profile
        upstream=("export",), summary="build TensorRT engines (where tensorrt and a CUDA GPU are available)")
 def build_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """One engine per Hydra graph and precision; absent TensorRT is recorded, not fatal, for ``run``."""
-    from toolchain.engines.tensorrt.builder import build_engine
+    from toolchain.engines import engine_kind, engine_kinds
     from toolchain.errors import MissingDependencyError
 
-    if "tensorrt" not in ctx.recipe.engines:
-        atomic_write_json(work / "engines.json", {"skipped": "the recipe's engines list has no 'tensorrt'"})
+    kinds = [engine_kind(k) for k in ctx.recipe.engines if engine_kind(k).needs_build]
+    if not kinds:
+        wanted = " or ".join(f"'{s.name}'" for s in engine_kinds() if s.needs_build)
+        atomic_write_json(work / "engines.json", {"skipped": f"the recipe's engines list has no {wanted}"})
         ctx.console.print("  no TensorRT engines requested (engines: " + ", ".join(ctx.recipe.engines) + ")")
         return {"engines": []}
     graphs = read_json(ctx.stage_dir("export") / "graphs.json")
     built: dict[str, Any] = {}
-    for name, g in graphs.items():
-        if g["kind"] != "hydra" or g.get("lowering") != "conv":
-            continue
-        try:
-            path = build_engine(ctx.stage_dir("export") / g["path"], work / f"{name}.engine",
-                                precision=g["precision"], profile=trt_profile(ctx, g["inputs"]),
-                                timing_cache=ctx.root / "timing.cache")
-            built[name] = {"engine": path.name, "precision": g["precision"], "onnx": g["path"]}
-        except MissingDependencyError as exc:
-            atomic_write_json(work / "engines.json", {"skipped": str(exc)})
-            ctx.console.print(f"  [yellow]TensorRT engines skipped[/yellow]: {exc}")
-            return {"engines": [], "skipped": str(exc)}
+    for spec in kinds:  # engines.json is keyed by graph name: one kind that needs a build (tensorrt) today
+        assert spec.builder is not None and spec.suffix is not None  # register_kind checks the builder
+        for name, g in graphs.items():
+            if not spec.build_filter(g):
+                continue
+            try:
+                path = spec.builder(ctx.stage_dir("export") / g["path"], work / f"{name}{spec.suffix}",
+                                    precision=g["precision"], profile=trt_profile(ctx, g["inputs"]),
+                                    timing_cache=ctx.root / "timing.cache")
+                built[name] = {"engine": path.name, "precision": g["precision"], "onnx": g["path"]}
+            except MissingDependencyError as exc:
+                atomic_write_json(work / "engines.json", {"skipped": str(exc)})
+                ctx.console.print(f"  [yellow]TensorRT engines skipped[/yellow]: {exc}")
+                return {"engines": [], "skipped": str(exc)}
     atomic_write_json(work / "engines.json", built)
     return {"engines": sorted(built)}

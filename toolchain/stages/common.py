@@ -13,55 +13,53 @@ import torch
 from toolchain.artifacts import read_json
 from toolchain.errors import RecipeError
 from toolchain.inference import evaluate_accuracy
-from toolchain.models import ModelAdapter, adapter_for, load_model
+from toolchain.models import InputSpec, ModelAdapter, adapter_for, checkpoint_family, family, load_model
 from toolchain.pipeline import Context, set_seed
+
+
+def model_family(ctx: Context) -> type[ModelAdapter]:
+    """The recipe's model family (its adapter class): ``model.family``, or with ``auto`` the checkpoint's."""
+    from toolchain.models import resolve_source
+
+    m = ctx.recipe.model
+    return family(m.family) if m.family != "auto" else checkpoint_family(resolve_source(m.source))
 
 
 def build_base_model(ctx: Context) -> tuple[torch.nn.Module, ModelAdapter, Any]:
     """The starting model: a checkpoint, or a model built from ``model.from_config``.
 
-    Returns ``(model, adapter, tokenizer)``; the tokenizer is ``None`` for image models.
+    Returns ``(model, adapter, tokenizer)``; the tokenizer is the one the data is encoded with
+    (``None`` for image models).
     """
     r = ctx.recipe
     n_classes = len(ctx.class_names)
     set_seed(r.seed)
     if r.model.from_config is not None:
-        import transformers
-
-        family = r.model.family
-        cfg_cls = {"bert": "BertConfig", "vit": "ViTConfig", "clip": "CLIPConfig"}[family]
-        model_cls = {"bert": "BertForSequenceClassification", "vit": "ViTForImageClassification",
-                     "clip": "CLIPModel"}[family]
-        cfg_args = dict(r.model.from_config)
-        if family in ("bert", "vit"):
-            cfg_args["num_labels"] = n_classes
-        config = getattr(transformers, cfg_cls)(**cfg_args)
-        model = getattr(transformers, model_cls)(config).eval()
-        tokenizer = None
-        kwargs: dict[str, Any] = {}
-        if family == "clip":
-            tokenizer = prompt_tokenizer(ctx)
-            kwargs["prompts"] = clip_prompts(ctx, tokenizer)
-        return model, adapter_for(model, **kwargs), (tokenizer if family == "bert" else None)
+        fam = model_family(ctx)
+        model = fam.from_config(r.model.from_config, n_classes)
+        tokenizer = prompt_tokenizer(ctx) if fam.tokenizer_use is not None and r.model.source is not None else None
+        kwargs = family_kwargs(ctx, fam, tokenizer)
+        return model, adapter_for(model, **kwargs), (tokenizer if fam.tokenizer_use == "inputs" else None)
     loaded = load_model(r.model.source, num_labels=n_classes, seed=r.seed, labels=ctx.class_names)
     return loaded.model, loaded.adapter, loaded.tokenizer
 
 
 def prompt_tokenizer(ctx: Context) -> Any:
-    """The tokenizer of ``model.source`` that CLIP's class prompts are written with."""
+    """The tokenizer of ``model.source`` (the class prompts of a zero-shot family are written with it)."""
     from toolchain.models import load_tokenizer, resolve_source
 
     if ctx.recipe.model.source is None:
-        raise RecipeError("field 'model.source': CLIP needs a tokenizer for its class prompts (e.g. "
-                          "'packaged:all-MiniLM-L6-v2').")
+        raise RecipeError(f"field 'model.source': a {ctx.recipe.model.family} model needs a tokenizer for its class "
+                          "prompts (e.g. 'packaged:all-MiniLM-L6-v2').")
     return load_tokenizer(resolve_source(ctx.recipe.model.source))
 
 
-def clip_prompts(ctx: Context, tokenizer: Any) -> dict[str, torch.Tensor]:
-    """Tokenised class prompts (``model.prompt_template``) for CLIP's zero-shot head."""
-    texts = [ctx.recipe.model.prompt_template.format(c) for c in ctx.class_names]
-    enc = tokenizer(texts, padding=True, truncation=True, max_length=16, return_tensors="pt")
-    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+def family_kwargs(ctx: Context, fam: type[ModelAdapter], tokenizer: Any = None) -> dict[str, Any]:
+    """The adapter arguments that come from the data (class prompts for a family that uses prompts)."""
+    if fam.tokenizer_use != "prompts":
+        return {}
+    tok = tokenizer if tokenizer is not None else prompt_tokenizer(ctx)
+    return fam.construction_kwargs(tok, ctx.class_names, ctx.recipe.model.prompt_template)
 
 
 def count_parameters(model: torch.nn.Module) -> int:
@@ -112,13 +110,11 @@ def reseeded_base(ctx: Context, seed: int) -> tuple[torch.nn.Module, ModelAdapte
 
 
 def load_stage_model(ctx: Context, folder: Path) -> tuple[torch.nn.Module, ModelAdapter, Any]:
-    """Reload a model saved by a stage (with the CLIP prompts when needed)."""
-    kwargs: dict[str, Any] = {}
-    tok = None
-    if ctx.recipe.model.family == "clip":
-        tok = prompt_tokenizer(ctx)
-        kwargs["prompts"] = clip_prompts(ctx, tok)
-    loaded = load_model(folder, adapter_kwargs=kwargs, tokenizer=ctx.recipe.model.family != "clip")
+    """Reload a model saved by a stage (with the class prompts when its family needs them)."""
+    from toolchain.models import resolve_source
+
+    kwargs = family_kwargs(ctx, checkpoint_family(resolve_source(folder)))
+    loaded = load_model(folder, adapter_kwargs=kwargs)
     return loaded.model, loaded.adapter, loaded.tokenizer
 
 
@@ -206,46 +202,37 @@ def build_hydra(ctx: Context, lowering: str | None = None) -> torch.nn.Module:
 
 
 def example_feed(ctx: Context, batch: int, seq: int | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Generated model inputs of a given shape (text: random tokens with ragged padding)."""
-    g = torch.Generator().manual_seed(seed)
+    """Generated model inputs of a given shape (the family's ``example_inputs``; text: ragged padding)."""
     m = ctx.recipe.model
-    if is_text(ctx):
-        seq = seq or m.max_length
-        ids = torch.randint(1000, 20000, (batch, seq), generator=g)
-        mask = torch.ones(batch, seq, dtype=torch.long)
-        for i in range(batch):  # ragged lengths: row i keeps seq - 3 * i tokens (at least 2)
-            mask[i, max(2, seq - 3 * i):] = 0
-        ids[:, 0] = 101
-        ids = ids * mask
-        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
-    size = m.image_size or 28
-    return {"pixel_values": torch.randn(batch, m.num_channels if m.family != "clip" else 3, size, size, generator=g)}
+    return model_family(ctx).example_inputs(batch, sequence=seq or m.max_length, image_size=m.image_size or 28,
+                                            num_channels=m.num_channels, seed=seed)
 
 
-def is_text(ctx: Context) -> bool:
-    """Whether the in-distribution data is text."""
-    from toolchain.data import TextData
-
-    return isinstance(ctx.data["train"], TextData)
+def input_specs(ctx: Context, names: list[str]) -> dict[str, InputSpec]:
+    """The family's description (dtype, dynamic axes) of each input in ``names``."""
+    specs = model_family(ctx).input_specs()
+    return {n: specs[n] for n in names}
 
 
 def dynamic_axes(ctx: Context, names: list[str]) -> dict[str, dict[int, str]]:
-    """Batch (and sequence for text) are dynamic."""
-    return {n: ({0: "batch", 1: "sequence"} if n != "pixel_values" else {0: "batch"}) for n in names}
+    """The family's dynamic axes per input (batch; sequence for text)."""
+    return {n: spec.dynamic_axes() for n, spec in input_specs(ctx, names).items()}
+
+
+def runner_input_specs(ctx: Context, names: list[str]) -> dict[str, tuple]:
+    """``name -> (numpy dtype, shape)``: dynamic axes by name, static sizes from an example (engine specs)."""
+    import numpy as np
+
+    feed = example_feed(ctx, 1, 8)
+    return {n: (getattr(np, spec.dtype), spec.shape(feed[n].shape)) for n, spec in input_specs(ctx, names).items()}
 
 
 def trt_profile(ctx: Context, names: list[str]) -> dict[str, tuple]:
     """The recipe's min/opt/max shapes per input (the TensorRT optimisation profile)."""
     e = ctx.recipe.export
-    out = {}
-    for n in names:
-        if n == "pixel_values":
-            feed = example_feed(ctx, 1)
-            rest = tuple(feed["pixel_values"].shape[1:])
-            out[n] = ((e.batch.min, *rest), (e.batch.opt, *rest), (e.batch.max, *rest))
-        else:
-            out[n] = ((e.batch.min, e.sequence.min), (e.batch.opt, e.sequence.opt), (e.batch.max, e.sequence.max))
-    return out
+    feed = example_feed(ctx, 1)
+    sizes = [{"batch": getattr(e.batch, k), "sequence": getattr(e.sequence, k)} for k in ("min", "opt", "max")]
+    return {n: tuple(spec.shape(feed[n].shape, s) for s in sizes) for n, spec in input_specs(ctx, names).items()}
 
 
 # ---------------------------------------------------------------------------- compare variants

@@ -9,6 +9,7 @@ import numpy as np
 
 from toolchain.artifacts import atomic_write_json
 from toolchain.inference import module_outputs
+from toolchain.metrics.registry import view_keys
 from toolchain.pipeline import Context, same_stage_files, stage
 from toolchain.pruning.diversity import ensemble_diversity
 from toolchain.stages.common import VariantContext, circuit_sees_ood, load_stage_model, selection_ood_rows
@@ -128,12 +129,12 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     atomic_write_json(work / "selection.json", selection)
     np.savez_compressed(work / "outputs.npz", labels=labels,
                         **{f"{n}_{k}": v for n, d in variants.items() for k, v in d.items() if v is not None})
-    keys = ["accuracy", "nll", "ece", "brier", "auroc_msp", "fpr95_msp"]
+    keys = view_keys("console")
     for name, m in metrics.items():
         ctx.console.print(f"  {name:>18}: " + "  ".join(f"{k} {m[k]:.4f}" for k in keys if k in m))
     for name, d in diversity.items():
         g = d["gain"]
         ctx.console.print(f"  {name:>18} ensemble gain: " + "  ".join(
             f"{k} {g[k]['gain']:+.4f} [{g[k]['ci'][0]:+.4f}, {g[k]['ci'][1]:+.4f}]"
-            for k in ("nll", "auroc_msp", "auroc_mi") if k in g))
+            for k in view_keys("gain_console") if k in g))
     return {"variants": sorted(metrics)}

@@ -15,8 +15,9 @@ from toolchain.stages.common import build_hydra, dynamic_axes, example_feed, loa
 
 def export_one(ctx: Context, module: torch.nn.Module, outputs: list[str], path: Path) -> dict[str, Any]:
     """Export, check at shapes other than the export shape, lint for TensorRT; return facts."""
+    from toolchain.engines.onnxrt.dynamic import check_dynamic
     from toolchain.export.lint import lint_tensorrt
-    from toolchain.export.onnx_export import check_dynamic, export_onnx
+    from toolchain.export.onnx_export import export_onnx
     from toolchain.export.stats import graph_stats
 
     interrupts.check()  # a graceful SIGTERM stops between graphs, not inside the ONNX exporter

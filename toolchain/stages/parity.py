@@ -11,7 +11,7 @@ import torch
 from toolchain.artifacts import atomic_write_json, read_json
 from toolchain.errors import RecipeError
 from toolchain.pipeline import Context, stage
-from toolchain.stages.common import example_feed, load_stage_model
+from toolchain.stages.common import example_feed, load_stage_model, runner_input_specs
 
 
 def parity_inputs(ctx: Context, names: list[str], tok: Any) -> tuple[list, list, list]:
@@ -33,9 +33,7 @@ def parity_inputs(ctx: Context, names: list[str], tok: Any) -> tuple[list, list,
 
 
 def _input_specs(ctx: Context, names: list[str]) -> dict[str, tuple]:
-    feed = example_feed(ctx, 1, 8)
-    return {n: (np.float32 if n == "pixel_values" else np.int64,
-                ("batch", *feed[n].shape[1:]) if n == "pixel_values" else ("batch", "sequence")) for n in names}
+    return runner_input_specs(ctx, names)
 
 
 @stage("parity", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines",
@@ -50,7 +48,7 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
     rounded to BF16) on the same feeds as the others, so they get numeric and UQ verdicts too.
     Version 2: BF16 graphs gated; rank metrics can be ``unresolved``; deterministic reports.
     """
-    from toolchain.engines import make_runner
+    from toolchain.engines import make_runner, reference_kind
     from toolchain.hydra.fuse import load_hydra
     from toolchain.models.wrappers import SingleModel
     from toolchain.parity import run_parity
@@ -61,40 +59,12 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
     generated, ident, ood = parity_inputs(ctx, names, tok)
     hydra = load_hydra(ctx.stage_dir("fuse") / "hydra")
     groups = {"hydra": (hydra, ["probs", "member_logits"]), "single": (SingleModel(base), ["logits", "probs"])}
-    engines = read_json(ctx.stage_dir("build") / "engines.json")
     results: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for group, (module, outputs) in groups.items():
-        reference = make_runner("torch", module=module, input_specs=_input_specs(ctx, names), output_names=outputs,
-                                name=f"torch-{group}")
-        candidates, precisions = {}, {}
-        for gname, g in graphs.items():
-            if (g["kind"] == "hydra") != (group == "hydra") or g["kind"] == "member":
-                continue
-            label = f"onnxrt-cpu:{gname}"
-            if g["precision"] == "bf16":
-                if "onnxrt-cpu" in ctx.recipe.engines:
-                    el = f"onnxrt-cpu-bf16emu:{gname}"
-                    candidates[el] = make_runner("onnxrt-cpu-bf16emu", path=ctx.stage_dir("export") / g["path"],
-                                                 intra_op_threads=ctx.recipe.bench.threads, name=el)
-                    precisions[el] = "bf16"
-                if "onnxrt-cuda" in ctx.recipe.engines:
-                    skipped[f"onnxrt-cuda:{gname}"] = ("BF16 graphs are checked on CPU (onnxrt-cpu-bf16emu); ONNX "
-                                                       "Runtime's CUDA provider lacks BF16 kernels for some ops")
-                continue
-            if "onnxrt-cpu" in ctx.recipe.engines:
-                candidates[label] = make_runner("onnxrt-cpu", path=ctx.stage_dir("export") / g["path"],
-                                                intra_op_threads=ctx.recipe.bench.threads, name=label)
-                precisions[label] = g["precision"]
-            if "onnxrt-cuda" in ctx.recipe.engines:
-                cl = f"onnxrt-cuda:{gname}"
-                candidates[cl] = make_runner("onnxrt-cuda", path=ctx.stage_dir("export") / g["path"], name=cl)
-                precisions[cl] = g["precision"]
-        if group == "hydra":
-            for ename, info in engines.items() if isinstance(engines, dict) and "skipped" not in engines else []:
-                tl = f"tensorrt:{ename}"
-                candidates[tl] = make_runner("tensorrt", engine_path=ctx.stage_dir("build") / info["engine"], name=tl)
-                precisions[tl] = info["precision"]
+        reference = make_runner(reference_kind(), module=module, input_specs=_input_specs(ctx, names),
+                                output_names=outputs, name=f"torch-{group}")
+        candidates, precisions = _candidates(ctx, group, graphs, skipped)
         verdict = run_parity(reference, candidates, generated, ident, ood, out_dir=work / group,
                              precisions=precisions, **parity_tolerances(ctx))
         results[group] = {"exit_code": verdict.exit_code, "status": verdict.status, "problems": verdict.problems(),
@@ -114,6 +84,53 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
     md += ["", *[(work / g / "summary.md").read_text() for g in results if (work / g / "summary.md").exists()]]
     (work / "summary.md").write_text("\n".join(md) + "\n")
     return {"exit_code": summary["exit_code"]}
+
+
+def _candidates(ctx: Context, group: str, graphs: dict[str, Any],
+                skipped: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Label -> runner and label -> precision of every recipe engine on the group's graphs.
+
+    Graphs the export wrote come first (graph by graph, kinds in registry order), then the files
+    of kinds the build stage builds (TensorRT engines). A precision a kind cannot run goes to its
+    substitute (BF16 on ``onnxrt-cpu``: ``onnxrt-cpu-bf16emu``) or is recorded in ``skipped``.
+    """
+    from toolchain.engines import candidate_label, engine_kinds, entries_for, resolve_kind, runner_for
+    from toolchain.errors import MissingDependencyError
+
+    def in_group(gname: str) -> bool:
+        g = graphs.get(gname, {})
+        return (g.get("kind") == "hydra") == (group == "hydra") and g.get("kind") != "member"
+
+    chosen = [s for s in engine_kinds(selectable=True) if s.name in ctx.recipe.engines and s.runs_files]
+    places = {"export_dir": ctx.stage_dir("export"), "build_dir": ctx.stage_dir("build"),
+              "threads": ctx.recipe.bench.threads}
+    candidates: dict[str, Any] = {}
+    precisions: dict[str, str] = {}
+
+    def add(kind: str, gname: str, entry: dict[str, Any]) -> None:
+        actual = resolve_kind(kind, entry["precision"])
+        if actual is None:
+            reason = next(s.unsupported for s in chosen if s.name == kind).get(entry["precision"])
+            skipped[candidate_label(kind, gname)] = reason or f"{kind} does not run {entry['precision']} graphs"
+            return
+        label = candidate_label(actual, gname)
+        candidates[label] = runner_for(actual, entry, name=label, **places)
+        precisions[label] = entry["precision"]
+
+    for gname, g in graphs.items():
+        for spec in chosen:
+            if not spec.needs_build and in_group(gname):
+                add(spec.name, gname, g)
+    for spec in chosen:
+        if spec.needs_build:
+            try:
+                built = entries_for(spec.name, graphs, build_dir=ctx.stage_dir("build"))
+            except MissingDependencyError:  # the build stage recorded why (engines.json "skipped")
+                continue
+            for ename, info in built.items():
+                if in_group(ename):
+                    add(spec.name, ename, info)
+    return candidates, precisions
 
 
 def parity_tolerances(ctx: Context) -> dict[str, Any]:
@@ -156,7 +173,7 @@ def rescue_failing_graphs(ctx: Context) -> list[dict[str, Any]]:
     ``<artifacts>/rescue/`` (a folder with its own manifest).
     """
     from toolchain.artifacts import StageDir
-    from toolchain.engines import make_runner
+    from toolchain.engines import engine_kinds, make_runner, reference_kind, split_label
     from toolchain.hydra.fuse import load_hydra
     from toolchain.models.wrappers import SingleModel
     from toolchain.parity import rescue_precision
@@ -164,7 +181,8 @@ def rescue_failing_graphs(ctx: Context) -> list[dict[str, Any]]:
     verdict = read_json(ctx.stage_dir("parity") / "verdict.json")
     graphs = read_json(ctx.stage_dir("export") / "graphs.json")
     engines = {e for g in verdict["groups"].values() for e in g.get("failing_engines", [])}
-    failing = sorted(e.split(":", 1)[1] for e in engines if e.startswith("onnxrt-cpu:"))
+    rescuable = {s.name for s in engine_kinds() if s.rescuable}
+    failing = sorted(split_label(e)[1] for e in engines if split_label(e)[0] in rescuable)
     failing = [f for f in failing if f in graphs and graphs[f]["precision"] in ("fp16", "bf16")]
     if not failing:
         ctx.console.print("  rescue: no failing FP16/BF16 graph to rescue")
@@ -180,7 +198,7 @@ def rescue_failing_graphs(ctx: Context) -> list[dict[str, Any]]:
             g = graphs[name]
             module = load_hydra(ctx.stage_dir("fuse") / "hydra") if g["kind"] == "hydra" else SingleModel(base)
             outputs = ["probs", "member_logits"] if g["kind"] == "hydra" else ["logits", "probs"]
-            reference = make_runner("torch", module=module, input_specs=_input_specs(ctx, names),
+            reference = make_runner(reference_kind(), module=module, input_specs=_input_specs(ctx, names),
                                     output_names=outputs, name="torch-reference")
             fp32 = ctx.stage_dir("export") / g["path"].replace(f".{g['precision']}", "")
             res = rescue_precision(fp32, work / g["path"], g["precision"], reference, generated, ident, ood,

@@ -10,7 +10,8 @@ from toolchain.pipeline import Context, stage
 
 @stage("report", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines", "bench",
                             "compare"),
-       upstream=("evaluate", "compare", "parity", "bench"), summary="results report (Markdown + HTML with plots)")
+       upstream=("evaluate", "compare", "parity", "bench"), summary="results report (Markdown + HTML with plots)",
+       version=2)  # 2: exported graphs' node counts
 def report_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """``report.md`` and ``report.html`` from every stage's outputs."""
     from toolchain.report import build_report

@@ -138,3 +138,45 @@ class SessionFromOnnx:
             path = Path(tmp) / self.path.name
             onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data")
             return ort.InferenceSession(str(path), options, providers=providers)
+
+
+def open_session(
+    model: Path | bytes,
+    *,
+    provider: Provider = "cpu",
+    profile_prefix: str | None = None,
+    **options: Any,
+) -> Any:
+    """A plain ``onnxruntime.InferenceSession`` (for code that needs ORT itself, not a :class:`Runner`).
+
+    Args:
+        model: an ``.onnx`` file or a serialised ``ModelProto``.
+        provider: ``"cpu"`` or ``"cuda"``.
+        profile_prefix: turn ORT's profiler on, trace files named ``<prefix>_<date>.json``.
+        **options: keyword arguments of :func:`build_session_options` (threads, optimisation
+            level, spinning, ``optimized_model_path``, ``log_severity``).
+
+    Example: ``open_session(path, intra_op_threads=2, inter_op_threads=1).run(None, feed)``.
+    """
+    import onnxruntime as ort
+
+    providers = providers_for(provider)
+    session_options = build_session_options(**options)
+    if profile_prefix is not None:
+        session_options.enable_profiling = True
+        session_options.profile_file_prefix = profile_prefix
+    source = model if isinstance(model, bytes) else str(model)
+    try:
+        return ort.InferenceSession(source, session_options, providers=providers)
+    except Exception as exc:  # ORT raises pybind11 types
+        what = "the serialised model" if isinstance(model, bytes) else str(model)
+        raise GraphError(f"ONNX Runtime cannot load {what}: {str(exc).splitlines()[0]}") from exc
+
+
+def available_providers() -> list[str] | None:
+    """ONNX Runtime's execution providers, or None when onnxruntime is not installed."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    return list(ort.get_available_providers())

@@ -27,10 +27,10 @@ from typing import Any, Literal
 import onnx
 from onnx import TensorProto
 
+from toolchain.artifacts import atomic_write_bytes, atomic_write_json, sha256_file
 from toolchain.engines.tensorrt._deps import current_identity, import_tensorrt, require_cuda
 from toolchain.engines.tensorrt.sidecar import EngineSidecar, sidecar_path
 from toolchain.errors import EngineError, GraphError
-from toolchain.export.fileio import atomic_write_bytes, atomic_write_json, sha256_file
 from toolchain.export.graph import load_checked
 
 log = logging.getLogger(__name__)

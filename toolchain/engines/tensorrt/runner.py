@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from toolchain.artifacts import sha256_file
 from toolchain.engines.base import Runner, ShapeLimits, TensorSpec, check_feed
 from toolchain.engines.tensorrt._deps import current_identity, import_tensorrt, require_cuda
 from toolchain.engines.tensorrt.outputs import make_output_allocator, run_context
 from toolchain.engines.tensorrt.sidecar import EngineSidecar, ensure_compatible, feed_specs, read_sidecar, sidecar_path
 from toolchain.errors import EngineError, MissingDependencyError
-from toolchain.export.fileio import sha256_file
 
 _TORCH_TYPES = {  # tensorrt.DataType member name -> (torch dtype name, numpy dtype for specs)
     "FLOAT": ("float32", np.float32), "HALF": ("float16", np.float16), "BF16": ("bfloat16", np.float32),
