@@ -44,28 +44,14 @@ def _modules() -> list[Path]:
     return sorted(p for p in TOOLCHAIN.rglob("*.py") if "engines" not in p.relative_to(TOOLCHAIN).parts[:1])
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    out = set()
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body \
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-            out.add(id(body[0].value))
-    return out
-
-
-def test_no_engine_kind_literal_outside_the_engines_package():
+def test_no_engine_kind_literal_outside_the_engines_package(string_literals):
     kinds = {s.name for s in engine_kinds()}
     found = []
     for path in _modules():
         rel = path.relative_to(ROOT).as_posix()
-        tree = ast.parse(path.read_text())
-        docs = _docstrings(tree)
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Constant) or not isinstance(node.value, str) or id(node) in docs:
-                continue
-            hits = {k for k in kinds if node.value == k or node.value.startswith(k + ":")}
-            found += [f"{rel}:{node.lineno}: {k!r}" for k in hits if (rel, k) not in PACKAGE_NAMES | KNOWN]
+        for line, value in string_literals(path):
+            hits = {k for k in kinds if value == k or value.startswith(k + ":")}
+            found += [f"{rel}:{line}: {k!r}" for k in hits if (rel, k) not in PACKAGE_NAMES | KNOWN]
     assert not found, "engine kind names outside toolchain/engines (ask the registry instead):\n" + "\n".join(found)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import numpy as np
@@ -29,39 +28,27 @@ PACKAGE = ROOT / "toolchain"
 KNOWN = {"bert", "vit", "clip"}
 
 
-def _docstring_nodes(tree: ast.AST) -> set[int]:
-    """ids of the string constants that are docstrings (or other bare string statements)."""
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            out.add(id(node.value))
-    return out
+@pytest.fixture()
+def family_literals(string_literals):
+    """``(line, value)`` of every string constant (not a docstring) of a file that is a family name."""
+    return lambda path, names: [(line, v) for line, v in string_literals(path) if v.strip().lower() in names]
 
 
-def _family_literals(path: Path, names: set[str]) -> list[tuple[int, str]]:
-    """``(line, value)`` of every string constant (not a docstring) that is a family name."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    skip = _docstring_nodes(tree)
-    return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
-            and node.value.strip().lower() in names]
-
-
-def test_no_family_name_outside_the_models_package():
+def test_no_family_name_outside_the_models_package(family_literals):
     names = KNOWN | set(family_names())
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if (PACKAGE / "models") in path.parents:
             continue
-        offenders += [f"{path.relative_to(ROOT)}:{line}: {value!r}" for line, value in _family_literals(path, names)]
+        offenders += [f"{path.relative_to(ROOT)}:{line}: {value!r}" for line, value in family_literals(path, names)]
     assert not offenders, "family names belong in toolchain/models (ask the registry):\n" + "\n".join(offenders)
 
 
-def test_the_scan_finds_family_literals(tmp_path):
+def test_the_scan_finds_family_literals(tmp_path, family_literals):
     probe = tmp_path / "probe.py"
     probe.write_text('"""bert in a docstring is fine."""\n# vit in a comment too\nx = 1\n'
                      'if x == "clip":\n    pass\nfamilies = {"ViT": 1, "a bert model": 2}\n')
-    assert sorted(_family_literals(probe, KNOWN)) == [(4, "clip"), (6, "ViT")]
+    assert sorted(family_literals(probe, KNOWN)) == [(4, "clip"), (6, "ViT")]
 
 
 def test_registry_lists_the_adapters():
