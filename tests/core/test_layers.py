@@ -20,3 +20,17 @@ def test_no_module_is_over_600_lines():
     long = {str(p.relative_to(ROOT)): n for p in (ROOT / "toolchain").rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 600}
     assert not long, long
+
+
+def test_no_import_cycle_between_modules():
+    """No two modules of the package import each other, directly or through others (grimp's graph,
+    which also counts imports inside functions and under TYPE_CHECKING)."""
+    import grimp
+
+    graph = grimp.build_graph("toolchain")
+    cycles = []
+    for module in sorted(graph.modules):
+        for imported in graph.find_modules_directly_imported_by(module):
+            if graph.chain_exists(importer=imported, imported=module):
+                cycles.append(f"{module} <-> {imported}")
+    assert not cycles, cycles

@@ -18,14 +18,13 @@ as GFC layers (an exact ensemble at M times the MLP weights). Both cost M MLPs o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
 from toolchain.hydra.attention import HydraAttention
+from toolchain.hydra.config import MERGE_MODES, LayerSpec
 from toolchain.hydra.gfc import (
     LAYOUTS,
     GroupedLinear,
@@ -37,12 +36,6 @@ from toolchain.hydra.gfc import (
     shared_linear,
     unfold_streams,
 )
-
-if TYPE_CHECKING:
-    from toolchain.hydra.config import LayerSpec
-
-MergeMode = Literal["average", "grouped"]
-MERGE_MODES: tuple[str, ...] = ("average", "grouped")
 
 
 def check_mode(field: str, mode: str) -> str:

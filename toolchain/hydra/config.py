@@ -10,10 +10,13 @@ it enters (:meth:`HydraConfig.from_dict`), with errors naming the field and the 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
-from toolchain.hydra.block import MERGE_MODES
 from toolchain.hydra.gfc import LOWERINGS
+
+#: how the members' MLPs and LayerNorm affines are merged (see :mod:`toolchain.hydra.block`)
+MergeMode = Literal["average", "grouped"]
+MERGE_MODES: tuple[str, ...] = ("average", "grouped")
 
 FORMAT_VERSION = 1
 HEAD_MODES: tuple[str, ...] = ("shared", "member")
