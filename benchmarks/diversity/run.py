@@ -7,7 +7,7 @@ member is trained exactly as the single model, only the seed differs). Each stra
 are cached under ``artifacts/minilm-tweets/variants/<name>/`` and shared with the default run.
 
 Selection uses validation data only: ``val`` tweets and the ``ood_val`` BBC articles that no scoring
-saw (``toolchain.stages.selection_ood_rows``: the circuit objective's OOD rows are excluded), all
+saw (``toolchain.stages.common.selection_ood_rows``: the circuit objective's OOD rows are excluded), all
 disjoint from the test splits. See :func:`select`. The table reports the test splits.
 
     python benchmarks/diversity/run.py                       # the full benchmark (~20-40 min on 2 cores)

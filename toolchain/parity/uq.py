@@ -31,6 +31,7 @@ import numpy as np
 from toolchain.errors import ToolchainError
 from toolchain.metrics import report_keys, uq_report
 from toolchain.metrics._validation import MetricInputError
+from toolchain.metrics.classification import paired_ece
 from toolchain.parity.resolution import RankResolution, rank_resolutions
 from toolchain.parity.tolerances import MetricTolerance, evaluate_metric, resolve_metric_tolerance, within_limit
 
@@ -178,6 +179,8 @@ def uq_parity(
         cand_id, cand_mid = gather_uq_inputs(candidate_id, names, "candidate")
         cand_ood, cand_mood = gather_uq_inputs(candidate_ood, names, "candidate") if candidate_ood else (None, None)
         cand_report = _report(cand_id, labels, cand_ood, cand_mid, cand_mood, n_bins)
+        if "ece" in cand_report:  # on the reference's bins: no jumps at bin edges (metrics.paired_ece)
+            cand_report["ece"] = paired_ece(cand_id, labels, ref_id, n_bins)
         problem = ""
     except (MetricInputError, ToolchainError, ValueError) as exc:
         cand_report, problem = {}, f"candidate outputs cannot be scored: {exc}"
