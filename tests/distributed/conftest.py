@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +17,26 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_worker.py")
 
 
+_GIVEN: set[int] = set()
+_GIVEN_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port never handed out before in this process.
+
+    Scenarios run side by side (threads): a port is only bound when a job's rank 0 starts its store,
+    so the OS may offer the same free port to two jobs in that window, and their ranks then meet in
+    one store (seen in the full suite: the second job of a pair waited 120 s for a failure posted
+    elsewhere).
+    """
+    with _GIVEN_LOCK:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _GIVEN:
+                _GIVEN.add(port)
+                return port
 
 
 def rank_env(rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
