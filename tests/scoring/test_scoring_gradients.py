@@ -40,7 +40,10 @@ def test_his_takes_abs_per_sample_not_of_batch_sum(bert, make_calib):
     signed = _per_sample_signed_grads(bert.adapter, calib)
     got = his_scores(bert.adapter, calib).scores
     of_mean = signed.mean(dim=0).abs()
-    assert bool((got >= of_mean - 1e-9).all())
+    # mean|g| >= |mean g|, with equality where all six gradients share a sign (head (1, 3) of this
+    # model): there the two sides are one float32 quantity computed in two summation orders (the
+    # thread count changes them), so the bound allows float32 rounding relative to the value
+    assert bool((got >= of_mean * (1 - 1e-5)).all())
     assert bool((got > of_mean + 1e-6).any()), "per-sample abs must differ from abs of the summed gradient"
 
 
