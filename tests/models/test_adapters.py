@@ -158,7 +158,7 @@ def _export_and_compare(model, batch, path) -> float:
     return float(np.abs(sess.run(["logits"], feed)[0] - ref).max())
 
 
-@pytest.mark.parametrize("family", ["bert", "vit"])
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "clip"])  # CLIP: test_pruned_clip_save_load
 def test_pruned_model_save_load_and_onnx(tmp_path, family):
     tiny = TINY_MODELS[family]()
     a = tiny.adapter

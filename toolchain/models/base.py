@@ -193,6 +193,9 @@ class ModelAdapter(ABC):
     tokenizer_use: ClassVar[TokenizerUse] = None
     #: LayerNorm placement of its blocks (the fused Hydra block follows it; see :class:`LayerView`)
     norm_style: ClassVar[NormStyle]
+    #: state-dict keys of the classification head's output weight ``[labels, features]`` in a
+    #: checkpoint (the first one present gives the checkpoint's label count); empty: no such head
+    classifier_weights: ClassVar[tuple[str, ...]] = ("classifier.weight",)
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -203,6 +206,12 @@ class ModelAdapter(ABC):
         self.model = model
 
     # --------------------------------------------------------- building (class level)
+    @classmethod
+    def checkpoint_class(cls, config: Any, encoder_only: bool = False) -> str:
+        """The transformers class a checkpoint with ``config`` loads as (default: the family's classifier)."""
+        del config
+        return cls.encoder_class if encoder_only else cls.classifier_class
+
     @classmethod
     def from_config(cls, config: Mapping[str, Any], num_labels: int) -> nn.Module:
         """An untrained classifier (eval mode) from a Hugging Face config dict, for ``num_labels`` classes."""

@@ -1,9 +1,14 @@
-"""BERT-family encoders (BertModel, BertForSequenceClassification): post-LayerNorm layers."""
+"""BERT encoders (BertModel, BertForSequenceClassification): post-LayerNorm layers.
+
+:class:`BertAdapter` is also the base of the families that share BERT's layer layout
+(RoBERTa, XLM-RoBERTa, ELECTRA; DistilBERT overrides the layer view): a subclass names its
+encoder attribute, its inputs and how its classification head reads the sequence.
+"""
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -20,11 +25,15 @@ def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype = torch
 
 
 class BertEmbeddingStage(nn.Module):
-    """Word + position + token-type embeddings and LayerNorm; returns hidden and key bias."""
+    """Word + position + token-type embeddings and LayerNorm; returns hidden and key bias.
 
-    def __init__(self, embeddings: nn.Module) -> None:
+    ``project``: ELECTRA's linear map from the embedding size to the hidden size (None elsewhere).
+    """
+
+    def __init__(self, embeddings: nn.Module, project: nn.Module | None = None) -> None:
         super().__init__()
         self.embeddings = embeddings
+        self.project = project
 
     def forward(
         self,
@@ -36,19 +45,29 @@ class BertEmbeddingStage(nn.Module):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         hidden = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+        if self.project is not None:
+            hidden = self.project(hidden)
         return hidden, padding_bias(attention_mask, hidden.dtype)
 
 
 class BertHeadStage(nn.Module):
-    """Pooler (dense + tanh on the first token) and, when present, the classifier."""
+    """Pooler (dense + tanh on the first token) and, when present, the classifier.
 
-    def __init__(self, pooler: nn.Module | None, classifier: nn.Module | None) -> None:
+    ``reads_sequence``: the classifier takes the whole sequence ``[B, T, D]`` and picks its
+    token itself (RoBERTa's and ELECTRA's classification heads); otherwise it takes the pooled
+    first token.
+    """
+
+    def __init__(self, pooler: nn.Module | None, classifier: nn.Module | None, reads_sequence: bool = False) -> None:
         super().__init__()
         self.pooler = pooler
         self.classifier = classifier
+        self.reads_sequence = reads_sequence
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden [B, T, D]`` -> ``logits [B, classes]`` (pooled output for BertModel)."""
+        """``hidden [B, T, D]`` -> ``logits [B, classes]`` (pooled output for a bare encoder)."""
+        if self.reads_sequence and self.classifier is not None:
+            return self.classifier(hidden)
         pooled = self.pooler(hidden) if self.pooler is not None else hidden[:, 0]
         return self.classifier(pooled) if self.classifier is not None else pooled
 
@@ -68,6 +87,10 @@ class BertAdapter(ModelAdapter):
     modality = "text"
     tokenizer_use = "inputs"
     norm_style = "post"
+    #: the attribute of the classifier that holds the bare encoder
+    encoder_attr: ClassVar[str] = "bert"
+    #: the classification head takes the sequence (True) or the pooled first token (False)
+    classifier_reads_sequence: ClassVar[bool] = False
 
     @classmethod
     def relabel(cls, config: Any, num_labels: int) -> None:
@@ -88,12 +111,15 @@ class BertAdapter(ModelAdapter):
             mask[i, max(2, sequence - 3 * i):] = 0
         ids[:, 0] = 101
         ids = ids * mask
-        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+        full = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+        return {name: full[name] for name in cls.input_names}
 
     @property
     def encoder_model(self) -> nn.Module:
-        """The ``BertModel`` inside (the model itself for a bare encoder)."""
-        return self.model if type(self.model).__name__ == "BertModel" else self.model.bert
+        """The bare encoder inside (the model itself for a bare encoder)."""
+        if type(self.model).__name__ == self.encoder_class:
+            return self.model
+        return getattr(self.model, self.encoder_attr)
 
     def layers(self) -> list[LayerView]:
         """One view per ``BertLayer``."""
@@ -130,7 +156,8 @@ class BertAdapter(ModelAdapter):
         out = self.model(**feed)
         if hasattr(out, "logits"):
             return out.logits
-        return out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
+        pooled = getattr(out, "pooler_output", None)
+        return pooled if pooled is not None else out.last_hidden_state[:, 0]
 
     def token_mask(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Real tokens: the attention mask (all true when absent)."""
@@ -140,13 +167,15 @@ class BertAdapter(ModelAdapter):
 
     def embeddings(self) -> nn.Module:
         """Copy of the embedding stage."""
-        return BertEmbeddingStage(copy.deepcopy(self.encoder_model.embeddings))
+        enc = self.encoder_model
+        project = getattr(enc, "embeddings_project", None)
+        return BertEmbeddingStage(copy.deepcopy(enc.embeddings), copy.deepcopy(project))
 
     def head(self) -> nn.Module:
         """Copy of pooler + classifier."""
-        pooler = copy.deepcopy(self.encoder_model.pooler)
+        pooler = copy.deepcopy(getattr(self.encoder_model, "pooler", None))
         classifier = copy.deepcopy(getattr(self.model, "classifier", None))
-        return BertHeadStage(pooler, classifier)
+        return BertHeadStage(pooler, classifier, self.classifier_reads_sequence)
 
     def config_dict(self) -> dict:
         """Facts the fused model needs."""

@@ -67,6 +67,7 @@ class CLIPAdapter(ModelAdapter):
     modality = "image"
     tokenizer_use = "prompts"
     norm_style = "pre"
+    classifier_weights = ()  # zero-shot: the class prompts are the head
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], num_labels: int) -> nn.Module:

@@ -109,10 +109,10 @@ def load_model(
     path = resolve_source(source)  # may import a package that resets transformers' verbosity
     transformers.utils.logging.set_verbosity_error()  # "newly initialised head" is expected here
     fam = checkpoint_family(path)
-    cls = getattr(transformers, fam.encoder_class if encoder_only else fam.classifier_class)
     config = transformers.AutoConfig.from_pretrained(path)
+    cls = getattr(transformers, fam.checkpoint_class(config, encoder_only))
     if num_labels is not None and not encoder_only:
-        _check_head_labels(path, config, num_labels, labels)
+        _check_head_labels(path, config, num_labels, labels, fam.classifier_weights)
         fam.relabel(config, num_labels)
     heads = _pruned_heads(config)
     torch.manual_seed(seed)
@@ -134,24 +134,26 @@ def load_model(
     return LoadedModel(model=model, adapter=adapter, tokenizer=tok, path=path)
 
 
-def checkpoint_head(path: Path) -> int | None:
-    """Output size of the checkpoint's classification head (``classifier.*`` weights), None without one."""
+def checkpoint_head(path: Path, keys: tuple[str, ...] = ("classifier.weight",)) -> int | None:
+    """Output size of the checkpoint's classification head (the family's ``classifier_weights``), None without one."""
     from safetensors import safe_open
 
     for f in sorted(Path(path).glob("*.safetensors")):
         try:
             with safe_open(str(f), "pt") as st:
-                for key in st.keys():
-                    if key.startswith("classifier.") and key.endswith("weight"):
+                present = set(st.keys())
+                for key in keys:
+                    if key in present:
                         return int(st.get_slice(key).get_shape()[0])
         except (OSError, RuntimeError, ValueError):
             return None  # unreadable weights: from_pretrained reports them
     return None
 
 
-def _check_head_labels(path: Path, config, num_labels: int, labels: list[str] | None) -> None:
+def _check_head_labels(path: Path, config, num_labels: int, labels: list[str] | None,
+                       keys: tuple[str, ...] = ("classifier.weight",)) -> None:
     """A checkpoint whose classifier has another number of labels than the data: a clear error."""
-    size = checkpoint_head(path)
+    size = checkpoint_head(path, keys)
     if size is None or size == num_labels or _pruned_heads(config) is not None:
         return
     id2label = getattr(config, "id2label", None) or {}

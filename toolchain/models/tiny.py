@@ -40,7 +40,10 @@ class TinyModel:
         return out
 
 
-def _text_batch(vocab: int, seq: int) -> Callable[..., dict[str, torch.Tensor]]:
+def _text_batch(vocab: int, seq: int, names: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids"),
+                pad_id: int = 0) -> Callable[..., dict[str, torch.Tensor]]:
+    """Random ids in ``[5, vocab)`` with ragged padding (``pad_id``), first token 2; the family's ``names``."""
+
     def make(batch_size: int = 4, seed: int = 0, pad: bool = True) -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(5, vocab, (batch_size, seq), generator=g)
@@ -49,9 +52,10 @@ def _text_batch(vocab: int, seq: int) -> Callable[..., dict[str, torch.Tensor]]:
             for i in range(batch_size):
                 n = max(2, seq - 2 * i)
                 mask[i, n:] = 0
-                ids[i, n:] = 0
+                ids[i, n:] = pad_id
         ids[:, 0] = 2
-        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+        full = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+        return {name: full[name] for name in names}
 
     return make
 

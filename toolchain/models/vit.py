@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -48,6 +49,9 @@ class ViTAdapter(ModelAdapter):
     inputs = (InputSpec("pixel_values", "float32", IMAGE_AXES),)
     modality = "image"
     norm_style = "pre"
+    #: the attribute of the classifier that holds the encoder; tokens before the patches (CLS)
+    encoder_attr: ClassVar[str] = "vit"
+    extra_tokens: ClassVar[int] = 1
 
     @classmethod
     def example_inputs(cls, batch: int, *, sequence: int, image_size: int, num_channels: int,
@@ -55,10 +59,15 @@ class ViTAdapter(ModelAdapter):
         """Standard normal ``pixel_values [batch, num_channels, image_size, image_size]``."""
         return random_pixels(batch, num_channels, image_size, seed)
 
+    @property
+    def encoder_model(self) -> nn.Module:
+        """The encoder (embeddings, layers, final LayerNorm) inside the classifier."""
+        return getattr(self.model, self.encoder_attr)
+
     def layers(self) -> list[LayerView]:
         """One view per ``ViTLayer``."""
         views = []
-        for layer in self.model.vit.layers:
+        for layer in self.encoder_model.layers:
             att = layer.attention
             views.append(
                 LayerView(
@@ -89,16 +98,16 @@ class ViTAdapter(ModelAdapter):
     def token_mask(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Every token (CLS + patches) is real."""
         n = batch["pixel_values"].shape[0]
-        emb = self.model.vit.embeddings
-        return torch.ones(n, emb.patch_embeddings.num_patches + 1, dtype=torch.bool)
+        emb = self.encoder_model.embeddings
+        return torch.ones(n, emb.patch_embeddings.num_patches + self.extra_tokens, dtype=torch.bool)
 
     def embeddings(self) -> nn.Module:
         """Copy of the embedding stage."""
-        return ViTEmbeddingStage(copy.deepcopy(self.model.vit.embeddings))
+        return ViTEmbeddingStage(copy.deepcopy(self.encoder_model.embeddings))
 
     def head(self) -> nn.Module:
         """Copy of final LayerNorm + classifier."""
-        return ViTHeadStage(copy.deepcopy(self.model.vit.layernorm), copy.deepcopy(self.model.classifier))
+        return ViTHeadStage(copy.deepcopy(self.encoder_model.layernorm), copy.deepcopy(self.model.classifier))
 
     def config_dict(self) -> dict:
         """Facts the fused model needs."""
