@@ -126,4 +126,29 @@ def tiny_clip(seed: int = 0, num_labels: int = 4, layers: int = 2, heads: int = 
     return TinyModel(model, adapter_for(model, prompts=prompts), _image_batch(3, 16))
 
 
-TINY_MODELS: dict[str, Callable[..., TinyModel]] = {"bert": tiny_bert, "vit": tiny_vit, "clip": tiny_clip}
+def _tiny_text(config_class: str, classifier_class: str, seed: int, scale: float,
+               **config: object) -> TinyModel:
+    """A tiny text classifier of any BERT-layout family (vocab 100, 12 tokens per row)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, config_class)(**config)
+    model = getattr(transformers, classifier_class)(cfg).eval()
+    head = model.classifier
+    _scale_classifier(getattr(head, "out_proj", head), scale)
+    if hasattr(head, "dense"):  # RoBERTa/ELECTRA heads squash a small first-token projection (tanh/GELU)
+        _scale_classifier(head.dense, 2.0)
+    adapter = adapter_for(model)
+    return TinyModel(model, adapter, _text_batch(100, 12, adapter.input_names, int(cfg.pad_token_id or 0)))
+
+
+def tiny_distilbert(seed: int = 0, num_labels: int = 3, layers: int = 2, heads: int = 4) -> TinyModel:
+    """DistilBertForSequenceClassification, dim 32, hidden_dim 64, no token types."""
+    return _tiny_text("DistilBertConfig", "DistilBertForSequenceClassification", seed, 300.0, vocab_size=100,
+                      dim=32, hidden_dim=64, n_layers=layers, n_heads=heads, num_labels=num_labels,
+                      max_position_embeddings=64, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)
+
+
+TINY_MODELS: dict[str, Callable[..., TinyModel]] = {
+    "bert": tiny_bert, "vit": tiny_vit, "clip": tiny_clip, "distilbert": tiny_distilbert,
+}
