@@ -142,6 +142,31 @@ def _tiny_text(config_class: str, classifier_class: str, seed: int, scale: float
     return TinyModel(model, adapter, _text_batch(100, 12, adapter.input_names, int(cfg.pad_token_id or 0)))
 
 
+_BERT_LAYOUT = {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.0}
+
+
+def tiny_roberta(seed: int = 0, num_labels: int = 3, layers: int = 2, heads: int = 4) -> TinyModel:
+    """RobertaForSequenceClassification, hidden 32, padding index 1 (positions start at 2)."""
+    return _tiny_text("RobertaConfig", "RobertaForSequenceClassification", seed, 300.0, **_BERT_LAYOUT,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_labels=num_labels,
+                      max_position_embeddings=16, pad_token_id=1, type_vocab_size=1)
+
+
+def tiny_xlm_roberta(seed: int = 0, num_labels: int = 3, layers: int = 2, heads: int = 4) -> TinyModel:
+    """XLMRobertaForSequenceClassification, hidden 32, padding index 1."""
+    return _tiny_text("XLMRobertaConfig", "XLMRobertaForSequenceClassification", seed, 300.0, **_BERT_LAYOUT,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_labels=num_labels,
+                      max_position_embeddings=16, pad_token_id=1, type_vocab_size=1)
+
+
+def tiny_electra(seed: int = 0, num_labels: int = 3, layers: int = 2, heads: int = 4) -> TinyModel:
+    """ElectraForSequenceClassification, embeddings of 16 projected to hidden 32."""
+    return _tiny_text("ElectraConfig", "ElectraForSequenceClassification", seed, 300.0, **_BERT_LAYOUT,
+                      embedding_size=16, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_labels=num_labels, max_position_embeddings=64)
+
+
 def tiny_distilbert(seed: int = 0, num_labels: int = 3, layers: int = 2, heads: int = 4) -> TinyModel:
     """DistilBertForSequenceClassification, dim 32, hidden_dim 64, no token types."""
     return _tiny_text("DistilBertConfig", "DistilBertForSequenceClassification", seed, 300.0, vocab_size=100,
@@ -149,6 +174,27 @@ def tiny_distilbert(seed: int = 0, num_labels: int = 3, layers: int = 2, heads: 
                       max_position_embeddings=64, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)
 
 
+def tiny_deit(seed: int = 0, num_labels: int = 10, layers: int = 2, heads: int = 4) -> TinyModel:
+    """DeiTForImageClassificationWithTeacher (CLS + distillation heads averaged), 16x16 one-channel images."""
+    from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher
+
+    torch.manual_seed(seed)
+    cfg = DeiTConfig(
+        image_size=16, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=layers,
+        num_attention_heads=heads, intermediate_size=64, num_labels=num_labels,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    model = DeiTForImageClassificationWithTeacher(cfg).eval()
+    emb = model.deit.embeddings
+    with torch.no_grad():  # initialised to zeros: CLS and distillation tokens would be the same token
+        for tensor in (emb.cls_token, emb.distillation_token, emb.position_embeddings):
+            tensor.normal_(0.0, 0.02)  # ViT initialises its tokens this way
+    _scale_classifier(model.cls_classifier, 40.0)
+    _scale_classifier(model.distillation_classifier, 40.0)
+    return TinyModel(model, adapter_for(model), _image_batch(1, 16))
+
+
 TINY_MODELS: dict[str, Callable[..., TinyModel]] = {
-    "bert": tiny_bert, "vit": tiny_vit, "clip": tiny_clip, "distilbert": tiny_distilbert,
+    "bert": tiny_bert, "vit": tiny_vit, "clip": tiny_clip, "roberta": tiny_roberta, "xlm-roberta": tiny_xlm_roberta,
+    "electra": tiny_electra, "distilbert": tiny_distilbert, "deit": tiny_deit,
 }
