@@ -31,16 +31,36 @@ app = typer.Typer(
     "CUDA, a data package); 4 internal error (rerun with --debug); 130 interrupted (completed stages are kept).",
 )
 console = Console(stderr=True, soft_wrap=True)
-_STATE = {"debug": False}
+_STATE = {"debug": False, "quiet": False}
+
+
+def _no_placeholder_for_flags(original):
+    """Typer 0.29 shows every option's type (``--debug <bool>``, ``--help <bool>``); a flag takes no value."""
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) else original(self, ctx)
+
+    return display_type_rich
+
+
+typer.core.TyperOption.display_type_rich = _no_placeholder_for_flags(typer.core.TyperOption.display_type_rich)
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
-ProfileOpt = Annotated[str | None, typer.Option("--profile", "-p", help="recipe profile to apply, e.g. quick")]
-ForceOpt = Annotated[list[str] | None, typer.Option("--force", help="rerun this stage even if up to date (repeatable)")]
+ProfileOpt = Annotated[str | None, typer.Option("--profile", "-p", metavar="NAME",
+                                                help="recipe profile to apply, e.g. quick")]
+ForceOpt = Annotated[list[str] | None, typer.Option("--force", metavar="STAGE",
+                                                    help="rerun this stage even if up to date (repeatable)")]
 
 
 @app.callback()
-def _main(debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False) -> None:
+def _main(debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
+          quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress and no per-stage detail: "
+                                              "errors, warnings and the final result only")] = False) -> None:
+    from toolchain.progress import set_quiet
+
     _STATE["debug"] = debug
+    _STATE["quiet"] = quiet
+    set_quiet(quiet)
 
 
 def _context(recipe: Path, profile: str | None, force: list[str] | None = None):
@@ -52,7 +72,8 @@ def _context(recipe: Path, profile: str | None, force: list[str] | None = None):
     if unknown:
         raise ToolchainError(f"--force: unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(stages())}).")
     loaded = _resolve_data_files(load_recipe(recipe, profile=profile), Path(recipe).resolve().parent)
-    return Context(recipe=loaded, console=console, force=forced)
+    stage_console = Console(stderr=True, soft_wrap=True, quiet=True) if _STATE["quiet"] else console
+    return Context(recipe=loaded, console=stage_console, force=forced, progress=not _STATE["quiet"])
 
 
 def _resolve_data_files(recipe, base: Path):

@@ -50,6 +50,9 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path):
     recipe = _recipe(tmp_path, "minilm-tweets.yaml")
     first = _cli("run", str(recipe), "--profile", "quick")
     assert first.returncode == 0, first.stderr[-3000:]
+    # a CI log (stderr is a pipe here): progress as whole lines, no carriage-return redraws, labelled
+    assert "\r" not in first.stderr and max(map(len, first.stderr.splitlines())) < 400
+    assert "deep-ensemble member 1/1" in first.stderr
     art = tmp_path / "artifacts" / "minilm-tweets-quick"
     metrics = json.loads((art / "evaluate" / "metrics.json").read_text())
     assert {"single", "deep-ensemble", "hydra"} <= set(metrics)

@@ -290,23 +290,10 @@ def measure(
     return results
 
 
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        """Nothing to show."""
-
-    def set_postfix_str(self, text: str) -> None:
-        """Nothing to show."""
-
-    def close(self) -> None:
-        """Nothing to close."""
-
-
 def _progress(total: int, enabled: bool, description: str) -> Any:
-    if not enabled:
-        return _NoBar()
-    from tqdm.auto import tqdm
+    from toolchain.progress import progress
 
-    return tqdm(total=total, desc=description, unit="round", leave=False, file=sys.stderr)
+    return progress(total, description, unit="round", enabled=enabled)
 
 
 # ------------------------------------------------------------------------------ memory and size

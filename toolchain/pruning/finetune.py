@@ -41,6 +41,7 @@ from torch import nn
 
 from toolchain import distributed as dist
 from toolchain import interrupts
+from toolchain.progress import progress as progress_display
 from toolchain.scoring._checks import check_float, check_int
 
 __all__ = ["BatchesFn", "epoch_seed", "finetune"]
@@ -78,6 +79,7 @@ def finetune(
     grad_clip: float | None = 1.0,
     log_every: int = 0,
     process_group: Any = None,
+    desc: str = "finetune",
 ) -> dict[str, list[float]]:
     """Fine-tune ``model`` (in place) with cross-entropy on ``adapter.logits``.
 
@@ -91,11 +93,12 @@ def finetune(
         seed: seeds the data order and dropout.
         weight_decay: AdamW decay of matrices, >= 0.
         warmup_ratio: fraction of steps of linear warm-up, in ``[0, 1)``.
-        progress: show a tqdm progress bar.
+        progress: show progress (a bar on a terminal, a line per tenth in a log: :mod:`toolchain.progress`).
         grad_clip: max gradient norm (None: no clipping).
         log_every: log the mean loss every this many steps at INFO (0: only at the end).
         process_group: a ``torch.distributed`` group of the ranks that train this model together
             (data parallel, see the module docstring); None or a group of one rank: train alone.
+        desc: what the progress display calls this run (e.g. ``deep-ensemble member 2/2``).
 
     Returns:
         ``{"losses": [per-step training loss], "lrs": [per-step learning rate]}``.
@@ -111,7 +114,6 @@ def finetune(
         grad_clip = check_float("grad_clip", grad_clip, lo=0.0, lo_open=True)
     if adapter.model is not model:
         raise ValueError("adapter must wrap model (adapter.model is not the model given)")
-    from tqdm.auto import tqdm
 
     warmup = int(warmup_ratio * steps)
 
@@ -126,13 +128,13 @@ def finetune(
             return _finetune_data_parallel(
                 model, adapter, batches_fn, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
                 weight_decay=weight_decay, schedule=schedule, progress=progress, grad_clip=grad_clip,
-                log_every=log_every, group=process_group,
+                log_every=log_every, group=process_group, desc=desc,
             )
     opt = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     losses: list[float] = []
     lrs: list[float] = []
-    bar = tqdm(total=steps, desc="finetune", disable=not progress, leave=False)
+    bar = progress_display(steps, desc, enabled=progress)
     def step_loss(batch: Any, labels: Any) -> float:
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(adapter.logits(batch).float(), torch.as_tensor(labels, dtype=torch.long))
@@ -232,10 +234,10 @@ def _finetune_data_parallel(
     grad_clip: float | None,
     log_every: int,
     group: Any,
+    desc: str = "finetune",
 ) -> dict[str, list[float]]:
     """:func:`finetune` with each step's batch split over the ranks of ``group`` (module docstring)."""
     import torch.distributed as tdist
-    from tqdm.auto import tqdm
 
     me, size = dist.rank(group), dist.world_size(group)
     first = tdist.get_global_rank(group, 0)
@@ -245,7 +247,7 @@ def _finetune_data_parallel(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     losses: list[float] = []
     lrs: list[float] = []
-    bar = tqdm(total=steps, desc=f"finetune (data parallel x{size})", disable=not progress or me != 0, leave=False)
+    bar = progress_display(steps, f"{desc} (data parallel x{size})", enabled=progress and me == 0)
     def step_loss(batch: Any, labels: Any) -> float:
         labels = torch.as_tensor(labels, dtype=torch.long)
         n = int(labels.shape[0])

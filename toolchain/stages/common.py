@@ -93,7 +93,7 @@ def train_classifier(ctx: Context, seed: int, desc: str,
             model, adapter,
             lambda bs, s: ctx.batches(ctx.data["train"], bs, tok, seed=s, group_by_length=r.finetune.group_by_length),
             steps=r.finetune.steps, lr=r.finetune.lr, batch_size=r.finetune.batch_size, seed=seed,
-            weight_decay=r.finetune.weight_decay, progress=ctx.progress, process_group=process_group,
+            weight_decay=r.finetune.weight_decay, progress=ctx.progress, process_group=process_group, desc=desc,
         )
         info["loss_first"], info["loss_last"] = hist["losses"][0], hist["losses"][-1]
     info["val_accuracy"] = evaluate_accuracy(ctx, adapter, "val", tok)

@@ -121,7 +121,7 @@ def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch
                           + (", bootstrap of the training split)" if rec.bootstrap else ")"))
         finetune(pruned, pa, lambda bs, s, part=part: ctx.batches(part, bs, tok, seed=s, group_by_length=grouped),
                  steps=rec.steps, lr=rec.lr, batch_size=rec.batch_size, seed=seed, progress=ctx.progress,
-                 process_group=jobs.group)
+                 process_group=jobs.group, desc=f"recovery of member {i}")
         if jobs.leads(i):
             local[i] = pruned if not dist.enabled() else pruned.state_dict()
     results = dist.gather_results(jobs, local)
