@@ -71,21 +71,9 @@ def _context(recipe: Path, profile: str | None, force: list[str] | None = None):
     unknown = forced - set(stages())
     if unknown:
         raise ToolchainError(f"--force: unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(stages())}).")
-    loaded = _resolve_data_files(load_recipe(recipe, profile=profile), Path(recipe).resolve().parent)
+    loaded = load_recipe(recipe, profile=profile)  # relative paths resolved against the recipe's folder
     stage_console = Console(stderr=True, soft_wrap=True, quiet=True) if _STATE["quiet"] else console
     return Context(recipe=loaded, console=stage_console, force=forced, progress=not _STATE["quiet"])
-
-
-def _resolve_data_files(recipe, base: Path):
-    """``data.id`` / ``data.ood`` of the form ``csv:RELATIVE`` are resolved against the recipe's folder."""
-    from toolchain.data.csv_sets import resolve_csv_id
-
-    data = recipe.data
-    changed = {k: resolve_csv_id(v, base) for k in ("id", "ood") if (v := getattr(data, k))}
-    changed = {k: v for k, v in changed.items() if v != getattr(data, k)}
-    if not changed:
-        return recipe
-    return recipe.model_copy(update={"data": data.model_copy(update=changed)})
 
 
 def _run(recipe: Path, profile: str | None, force: list[str] | None, until: str | None = None,

@@ -416,4 +416,29 @@ def load_recipe(path: str | Path, profile: str | None = None) -> Recipe:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise RecipeError(f"recipe '{path}' is not valid YAML{where}: {problem}.") from None
-    return parse_recipe(data, source=f"'{path}'", profile=profile)
+    return resolve_paths(parse_recipe(data, source=f"'{path}'", profile=profile), path.resolve().parent)
+
+
+def _against(base: Path, value: str) -> str:
+    """``value`` as a path: ``~`` expanded, relative ones joined to ``base``."""
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else base / path)
+
+
+def resolve_paths(recipe: Recipe, base: Path) -> Recipe:
+    """Every relative path of a recipe resolved against ``base`` (the recipe file's folder).
+
+    ``model.source`` (unless a ``packaged:`` alias), ``data.id`` / ``data.ood`` of the form
+    ``csv:PATH`` and ``artifacts_dir``: so a recipe means the same files from any working directory.
+    """
+    from toolchain.data.csv_sets import resolve_csv_id
+
+    model, data = recipe.model, recipe.data
+    updates: dict[str, Any] = {"artifacts_dir": _against(base, recipe.artifacts_dir)}
+    if model.source is not None and ":" not in model.source.split("/")[0]:
+        updates["model"] = model.model_copy(update={"source": _against(base, model.source)})
+    csv = {k: resolve_csv_id(v, base) for k in ("id", "ood") if (v := getattr(data, k))}
+    csv = {k: v for k, v in csv.items() if v != getattr(data, k)}
+    if csv:
+        updates["data"] = data.model_copy(update=csv)
+    return recipe.model_copy(update=updates)

@@ -22,7 +22,7 @@ def _base() -> dict:
 
 
 def test_every_shipped_recipe_and_profile_loads():
-    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+    for path in sorted((ROOT / "recipes").rglob("*.yaml")):
         recipe = load_recipe(path)
         profiles = yaml.safe_load(path.read_text()).get("profiles", {})
         for name in profiles:

@@ -311,3 +311,31 @@ def test_kill_9_mid_stage_then_rerun_leaves_nothing_behind(base, tmp_path):
     assert not [p for p in root.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
     ok = cli("verify", str(work / "art"))
     assert ok.returncode == 0, ok.stderr[-2000:]
+
+
+def test_relative_paths_resolve_against_the_recipe_folder_from_any_directory(base, tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copytree(base / "ckpt", project / "ckpt")
+    shutil.copy(base / "data.csv", project / "data.csv")
+    body = {"name": NAME, "artifacts_dir": "out", "model": {"source": "ckpt", "max_length": 16},
+            "data": {"id": "csv:data.csv", "splits": {"train": 16, "val": 8, "calib": 8, "test": 8}},
+            "engines": ["torch"]}
+    (project / "r.yaml").write_text(yaml.safe_dump(body))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = cli("load", "../project/r.yaml", cwd=elsewhere)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (project / "out" / NAME / "load" / "manifest.json").is_file()
+    assert list(elsewhere.iterdir()) == []  # nothing written where the command ran
+    from toolchain.recipe import load_recipe
+
+    recipe = load_recipe(project / "r.yaml")
+    assert recipe.model.source == str(project / "ckpt") and recipe.data.id == f"csv:{project / 'data.csv'}"
+    assert recipe.artifacts() == project / "out" / NAME
+    # a wrong relative source names the resolved folder and leaves no artifacts folder behind
+    (project / "bad.yaml").write_text(yaml.safe_dump({**body, "artifacts_dir": "bad-out",
+                                                      "model": {"source": "nope", "max_length": 16}}))
+    bad = cli("load", "../project/bad.yaml", cwd=elsewhere)
+    check_error(bad, 2, str(project / "nope"))
+    assert not (project / "bad-out").exists() and list(elsewhere.iterdir()) == []
