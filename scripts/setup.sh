@@ -25,6 +25,18 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   fi
 fi
 
+# Debian's Chromium renders report.html in the tests (tests/core/test_report_html.py); same rule.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing Debian package chromium (headless browser for the report test)"
+    (apt-get install -y -qq chromium >/dev/null 2>&1 \
+      || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1)) \
+      || echo "[setup] warning: could not install chromium; the browser test of report.html will be skipped"
+  else
+    echo "[setup] note: chromium missing; 'sudo apt-get install chromium' runs the browser test of report.html"
+  fi
+fi
+
 STAMP="$VENV/.hydra-setup-stamp"
 WANT=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then

@@ -32,3 +32,29 @@ def _string_literals(path) -> list[tuple[int, str]]:
 def string_literals():
     """The registry tests' source scan: :func:`_string_literals` (docstrings and comments are allowed)."""
     return _string_literals
+
+
+def _browser_dom(page) -> str:
+    """The DOM of a local HTML file after headless Chromium (Debian's ``chromium``) has loaded and rendered it."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("Debian's chromium is not installed (scripts/setup.sh installs it when run as root)")
+    with tempfile.TemporaryDirectory() as profile:
+        out = subprocess.run(
+            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--dump-dom", Path(page).resolve().as_uri()],
+            capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.fixture(scope="session")
+def browser_dom():
+    """``browser_dom(path) -> str``: the page's DOM as headless Chromium rendered it (skips without Chromium)."""
+    return _browser_dom

@@ -179,15 +179,30 @@ def build_report(root: Path, out_dir: Path, title: str) -> dict[str, Path]:
     return {"md": md_path, "html": html_path}
 
 
+_STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:1150px;margin:auto;padding:0 1em;color:#222}"
+    "table{border-collapse:collapse;margin:.6em 0;font-size:.9em}"
+    "th,td{border:1px solid #ccc;padding:.25em .55em}th{background:#f2f2f2}"
+    "td{font-variant-numeric:tabular-nums}tr:nth-child(even) td{background:#fafafa}"
+    "code{background:#f4f4f4;padding:0 .2em}pre{white-space:pre-wrap}"
+    "img{max-width:100%}figure{display:inline-block;width:48%;margin:4px;vertical-align:top}"
+)
+
+
 def _html(title: str, md: str, images: list[Path]) -> str:
-    """A plain self-contained page: the Markdown as preformatted text plus the embedded figures."""
+    """A self-contained page: the Markdown rendered to HTML (tables as tables), figures embedded.
+
+    Rendered with markdown-it-py (CommonMark plus the GFM table rule; raw HTML in the text is
+    escaped, not passed through), which the CLI already depends on through rich.
+    """
+    from markdown_it import MarkdownIt
+
     figs = "\n".join(
         f'<figure><img alt="{html.escape(p.stem)}" src="data:image/png;base64,'
         f'{base64.b64encode(p.read_bytes()).decode()}"><figcaption>{html.escape(p.stem)}</figcaption></figure>'
         for p in images
     )
-    text = md.split("## Figures")[0]
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}pre{white-space:pre-wrap}"
-            "img{max-width:100%}figure{display:inline-block;width:48%;margin:4px}</style></head><body>"
-            f"<pre>{html.escape(text)}</pre>{figs}</body></html>")
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(md.split("## Figures")[0])
+    heading = "<h2>Figures</h2>" if images else ""
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body>\n{body}{heading}{figs}</body></html>\n")

@@ -46,7 +46,7 @@ def _statuses(stderr: str) -> dict[str, str]:
     return out
 
 
-def test_text_quick_end_to_end_then_everything_skips(tmp_path):
+def test_text_quick_end_to_end_then_everything_skips(tmp_path, browser_dom):
     recipe = _recipe(tmp_path, "minilm-tweets.yaml")
     first = _cli("run", str(recipe), "--profile", "quick")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -58,6 +58,8 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path):
     assert {"single", "deep-ensemble", "hydra"} <= set(metrics)
     report = (art / "report" / "report.md").read_text()
     assert "## Parity" in report and "| hydra | pass |" in report and "| single | pass |" in report
+    dom = browser_dom(art / "report" / "report.html")  # the HTML report as a browser renders it
+    assert dom.count("<table>") >= 4 and "<td>hydra</td>" in dom and "<pre>" not in dom
     rows = [line for line in report.splitlines() if line.startswith("| hydra | ")]
     assert len(rows) == 3  # the results table, the ensemble-gain table and the parity verdict
     assert "## Exported graphs" in report and "| nodes without Constant |" in report  # node counts per graph
