@@ -112,6 +112,14 @@ class FinetuneSection(_Strict):
         "also used by recovery fine-tuning")
 
 
+class BaselinesSection(_Strict):
+    """What Hydra is compared against beside the single model."""
+
+    deep_ensemble: bool = Field(
+        True, description="train the equal-budget deep ensemble (M - 1 more full fine-tunes) and evaluate, export "
+        "and bench it; false: the single model is the only baseline")
+
+
 CRITERION = Literal["his", "taylor", "entropy", "hies", "l2", "random", "circuit"]
 
 
@@ -246,6 +254,7 @@ class Recipe(_Strict):
     model: ModelSection
     data: DataSection
     finetune: FinetuneSection = FinetuneSection()
+    baselines: BaselinesSection = BaselinesSection()
     scoring: ScoringSection = ScoringSection()
     pruning: PruningSection = PruningSection()
     fusion: FusionSection = FusionSection()

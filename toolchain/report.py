@@ -144,6 +144,12 @@ def build_report(root: Path, out_dir: Path, title: str) -> dict[str, Path]:
              f"`hydra` is {own}; `hydra-<name>` rows are the recipe's `compare` variants (same model, data "
              "and budget). Latency: the bench stage's median (compare variants are not exported).", "",
              results_table(metrics, sizes, latency, latency_label), ""]
+    ensemble = _read(root / "ensemble" / "metrics.json") or {}
+    if ensemble.get("deep_ensemble") is False:
+        parts += ["Deep-ensemble baseline: off (`baselines.deep_ensemble: false`): not trained, evaluated, exported "
+                  "or benched; the single model is the baseline.", ""]
+    if not compare:
+        parts += ["Compare variants: none (the recipe has no `compare:` entries).", ""]
     table = gain_table(diversity)
     if table:
         parts += ["## Ensemble gain and diversity (test split)", "",

@@ -339,3 +339,27 @@ def test_relative_paths_resolve_against_the_recipe_folder_from_any_directory(bas
     bad = cli("load", "../project/bad.yaml", cwd=elsewhere)
     check_error(bad, 2, str(project / "nope"))
     assert not (project / "bad-out").exists() and list(elsewhere.iterdir()) == []
+
+
+def test_a_checkpoint_already_fine_tuned_for_the_data_is_not_fine_tuned_again(tmp_path):
+    make_checkpoint(tmp_path / "tuned", num_labels=2, id2label={0: "neg", 1: "pos"})
+    (tmp_path / "data.csv").write_text(_rows(48, ("neg", "pos")))
+    out = cli("finetune", str(write_recipe(tmp_path, tmp_path / "tuned", tmp_path / "art")))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "not fine-tuned: the checkpoint already classifies into the data's labels (neg, pos)" in out.stderr
+    metrics = json.loads((tmp_path / "art" / NAME / "finetune" / "metrics.json").read_text())
+    assert metrics["steps"] == 0 and "loss_first" not in metrics
+    import safetensors.torch
+
+    saved = safetensors.torch.load_file(str(tmp_path / "art" / NAME / "finetune" / "model" / "model.safetensors"))
+    original = safetensors.torch.load_file(str(tmp_path / "tuned" / "model.safetensors"))
+    import torch
+
+    assert all(torch.equal(saved[k], original[k]) for k in original)  # the checkpoint's own weights, unchanged
+
+
+def test_named_labels_other_than_the_datas_name_both_sets(tmp_path):
+    make_checkpoint(tmp_path / "tuned", num_labels=2, id2label={0: "POSITIVE", 1: "NEGATIVE"})
+    (tmp_path / "data.csv").write_text(_rows(48, ("neg", "pos")))
+    out = cli("finetune", str(write_recipe(tmp_path, tmp_path / "tuned", tmp_path / "art")))
+    check_error(out, 2, "(POSITIVE, NEGATIVE)", "(neg, pos)", "id2label")

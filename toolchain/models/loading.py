@@ -114,6 +114,9 @@ def load_model(
     if num_labels is not None and not encoder_only:
         _check_head_labels(path, config, num_labels, labels, fam.classifier_weights)
         fam.relabel(config, num_labels)
+        if labels is not None and len(labels) == num_labels:  # the saved model names its classes
+            config.id2label = {i: str(name) for i, name in enumerate(labels)}
+            config.label2id = {str(name): i for i, name in enumerate(labels)}
     heads = _pruned_heads(config)
     torch.manual_seed(seed)
     try:
@@ -150,21 +153,58 @@ def checkpoint_head(path: Path, keys: tuple[str, ...] = ("classifier.weight",)) 
     return None
 
 
-def _check_head_labels(path: Path, config, num_labels: int, labels: list[str] | None,
-                       keys: tuple[str, ...] = ("classifier.weight",)) -> None:
-    """A checkpoint whose classifier has another number of labels than the data: a clear error."""
-    size = checkpoint_head(path, keys)
-    if size is None or size == num_labels or _pruned_heads(config) is not None:
-        return
+def _checkpoint_labels(config, size: int) -> list[str]:
     id2label = getattr(config, "id2label", None) or {}
-    theirs = ", ".join(str(id2label.get(i, id2label.get(str(i), i))) for i in range(size))
-    ours = ", ".join(map(str, labels)) if labels else "?"
-    raise ModelError(
-        f"the checkpoint in '{path}' has a classification head for {size} labels ({theirs}) but the data has "
-        f"{num_labels} classes ({ours}).",
-        hint="Use data with the checkpoint's labels, or start from a checkpoint without a classification head "
-        "(the base encoder) so that a new head is trained for the data's classes.",
-    )
+    return [str(id2label.get(i, id2label.get(str(i), i))) for i in range(size)]
+
+
+def _generic(names: list[str]) -> bool:
+    """Hugging Face's placeholder names (``LABEL_0``...): the head's classes are not named."""
+    return all(n == f"LABEL_{i}" for i, n in enumerate(names))
+
+
+def _check_head_labels(path: Path, config, num_labels: int, labels: list[str] | None,
+                       keys: tuple[str, ...] = ("classifier.weight",)) -> bool:
+    """Compare a checkpoint's classification head with the data's classes.
+
+    Returns True when the head has the data's classes in the data's order (named in ``id2label``):
+    the checkpoint is already fine-tuned for this data. A head with another number of labels, or
+    with named labels that are not the data's (or in another order), is a :class:`ModelError`
+    naming both label sets. Unnamed labels (``LABEL_i``) of the right number: False (fine-tuned).
+    """
+    size = checkpoint_head(path, keys)
+    if size is None or _pruned_heads(config) is not None:
+        return False
+    theirs = _checkpoint_labels(config, size)
+    ours = [str(x) for x in labels] if labels else None
+    hint = ("Use data with the checkpoint's labels, or start from a checkpoint without a classification head "
+            "(the base encoder) so that a new head is trained for the data's classes.")
+    if size != num_labels:
+        raise ModelError(
+            f"the checkpoint in '{path}' has a classification head for {size} labels ({', '.join(theirs)}) but the "
+            f"data has {num_labels} classes ({', '.join(ours) if ours else '?'}).", hint=hint)
+    if ours is None or _generic(theirs):
+        return False
+    if theirs != ours:
+        raise ModelError(
+            f"the checkpoint in '{path}' classifies into ({', '.join(theirs)}) but the data's classes, in label "
+            f"order, are ({', '.join(ours)}).",
+            hint="Rename or reorder the data's labels to the checkpoint's (its config.json id2label), or start "
+            "from the base encoder so that a new head is trained for the data's classes.")
+    return True
+
+
+def head_matches_data(source: str | Path, labels: list[str]) -> bool:
+    """True when the checkpoint ``source`` already classifies into ``labels`` (in order): no fine-tuning needed.
+
+    A mismatch in number or in named labels raises the :class:`ModelError` of the loader.
+    """
+    import transformers
+
+    path = resolve_source(source)
+    fam = checkpoint_family(path)
+    config = transformers.AutoConfig.from_pretrained(path)
+    return _check_head_labels(path, config, len(labels), labels, fam.classifier_weights)
 
 
 def load_tokenizer(path: Path):

@@ -87,7 +87,12 @@ def train_classifier(ctx: Context, seed: int, desc: str,
     info: dict[str, Any] = {"seed": seed, "steps": r.finetune.steps, "lr": r.finetune.lr,
                             "batch_size": r.finetune.batch_size, "weight_decay": r.finetune.weight_decay,
                             "schedule": "AdamW, linear warm-up + linear decay"}
-    if r.finetune.steps > 0:
+    if r.finetune.steps > 0 and seed == r.seed and _fine_tuned_for_data(ctx):
+        info["steps"] = 0
+        info["skipped"] = "the checkpoint's classification head already has the data's labels"
+        ctx.console.print(f"  {desc}: not fine-tuned: the checkpoint already classifies into the data's labels "
+                          f"({', '.join(map(str, ctx.class_names))})")
+    elif r.finetune.steps > 0:
         ctx.console.print(f"  {desc}: {r.finetune.steps} steps, batch {r.finetune.batch_size}, lr {r.finetune.lr}")
         hist = finetune(
             model, adapter,
@@ -98,6 +103,16 @@ def train_classifier(ctx: Context, seed: int, desc: str,
         info["loss_first"], info["loss_last"] = hist["losses"][0], hist["losses"][-1]
     info["val_accuracy"] = evaluate_accuracy(ctx, adapter, "val", tok)
     return model, adapter, tok, info
+
+
+def _fine_tuned_for_data(ctx: Context) -> bool:
+    """The recipe starts from a checkpoint whose classification head has the data's labels, in order."""
+    from toolchain.models.loading import head_matches_data
+
+    r = ctx.recipe
+    if r.model.from_config is not None or r.model.source is None:
+        return False
+    return head_matches_data(r.model.source, [str(c) for c in ctx.class_names])
 
 
 def reseeded_base(ctx: Context, seed: int) -> tuple[torch.nn.Module, ModelAdapter, Any]:

@@ -65,18 +65,19 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     if not variant_only:
         single = {s: module_outputs(ctx, SingleModel(base), s, tok, names) for s in splits}
         members = []
-        for i in range(ctx.recipe.pruning.members):
+        for i in range(ctx.recipe.pruning.members if ctx.recipe.baselines.deep_ensemble else 0):
             if i == 0 and same_stage_files(ctx, ("finetune", "model"), ("ensemble", "member0")):
                 members.append({s: single[s]["logits"] for s in splits})  # member 0 is the single model
                 continue
             _m, a, _t = load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")
             members.append({s: module_outputs(ctx, SingleModel(a), s, tok, names)["logits"] for s in splits})
         variants["single"] = {"probs_id": single["test"]["probs"], "probs_ood": single.get("ood_test", {}).get("probs")}
-        de_id = np.stack([m["test"] for m in members], 1)
-        de_ood = np.stack([m["ood_test"] for m in members], 1) if has_ood else None
-        variants["deep-ensemble"] = {"probs_id": ensemble_probs(de_id),
-                                     "probs_ood": None if de_ood is None else ensemble_probs(de_ood),
-                                     "member_logits_id": de_id, "member_logits_ood": de_ood}
+        if members:  # the deep-ensemble baseline (off with baselines.deep_ensemble: false)
+            de_id = np.stack([m["test"] for m in members], 1)
+            de_ood = np.stack([m["ood_test"] for m in members], 1) if has_ood else None
+            variants["deep-ensemble"] = {"probs_id": ensemble_probs(de_id),
+                                         "probs_ood": None if de_ood is None else ensemble_probs(de_ood),
+                                         "member_logits_id": de_id, "member_logits_ood": de_ood}
     sel_splits = [s for s in ("val", "ood_val") if s in ctx.data]
     hyd = _hydra_variantmodule_outputs(ctx, splits + sel_splits, tok, names)
     variants["hydra"] = {"probs_id": hyd["test"]["probs"], "probs_ood": hyd.get("ood_test", {}).get("probs"),
@@ -86,7 +87,7 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     for name, v in variants.items():
         kw = {k: val for k, val in v.items() if val is not None and k != "probs_id"}
-        if not several:
+        if not several or "member_logits_ood" not in kw:  # member scores (MI, disagreement) are OOD scores
             kw.pop("member_logits_id", None)
             kw.pop("member_logits_ood", None)
         metrics[name] = uq_report(v["probs_id"], labels, **kw)
@@ -111,10 +112,9 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
 
         val_labels = np.asarray(ctx.data["val"].labels)
         kw = {"probs_ood": hyd["ood_val"]["probs"]} if "ood_val" in hyd else {}
-        if several:
+        if several and "ood_val" in hyd:  # member scores (MI, disagreement) are OOD scores: both or neither
             kw["member_logits_id"] = hyd["val"]["member_logits"]
-            if "ood_val" in hyd:
-                kw["member_logits_ood"] = hyd["ood_val"]["member_logits"]
+            kw["member_logits_ood"] = hyd["ood_val"]["member_logits"]
         selection["hydra"] = uq_report(hyd["val"]["probs"], val_labels, **kw)
         if "ood_val" in hyd:
             start, stop = selection_ood_rows(len(ctx.data["ood_val"]))

@@ -23,15 +23,24 @@ def finetune_stage(ctx: Context, work: Path) -> dict[str, Any]:
     return {"metrics": info}
 
 
-@stage("ensemble", sections=("model", "data", "finetune", "pruning.members"), upstream=("finetune",), distributed=True,
-       summary="deep-ensemble baseline: M full models fine-tuned with different seeds")
+@stage("ensemble", sections=("model", "data", "finetune", "pruning.members", "baselines"), upstream=("finetune",),
+       distributed=True, summary="deep-ensemble baseline: M full models fine-tuned with different seeds")
 def ensemble_stage(ctx: Context, work: Path) -> dict[str, Any]:
-    """Members 1..M-1 trained exactly as the base (same steps, lr, schedule); member 0 is the base."""
+    """Members 1..M-1 trained exactly as the base (same steps, lr, schedule); member 0 is the base.
+
+    With ``baselines.deep_ensemble: false`` nothing is trained: ``metrics.json`` says so and the
+    later stages leave the deep ensemble out.
+    """
     import shutil
 
     from toolchain import distributed as dist
     from toolchain.models import save_model
 
+    if not ctx.recipe.baselines.deep_ensemble:
+        if dist.is_main():
+            atomic_write_json(work / "metrics.json", {"members": [], "deep_ensemble": False})
+        ctx.console.print("  off (baselines.deep_ensemble: false): not trained, evaluated, exported or benched")
+        return {"members": 0}
     m = ctx.recipe.pruning.members
     # under torchrun the M - 1 trainings are spread over the ranks (data-parallel when ranks > jobs);
     # every rank calls assign / gather_results in the same order, rank 0 saves
