@@ -128,12 +128,89 @@ for _name, _doc in [
     ("score", "Score every attention head (runs load and fine-tuning first when needed)."),
     ("prune", "Make the M pruned members and their diversity report."),
     ("fuse", "Fuse the members into one Hydra model (safetensors + JSON config) and print its summary."),
-    ("export", "Export ONNX graphs (Hydra with both lowerings, single model, members; FP16/BF16 variants)."),
     ("build", "Build TensorRT engines where tensorrt and a CUDA GPU are available."),
     ("bench", "Latency and size: single model vs deep ensemble vs Hydra, interleaved rounds (JSON, Markdown, PNG)."),
     ("report", "Write the results report (Markdown + HTML)."),
 ]:
     _stage_command(_name, _doc)
+
+
+def _is_recipe(path: Path) -> bool:
+    return path.suffix.lower() in (".yaml", ".yml")
+
+
+@app.command(name="export")
+def export_command(
+    src: Annotated[Path, typer.Argument(help="a Hugging Face checkpoint folder, a Hydra folder (hydra_config.json), "
+                                        "or a recipe YAML file (runs the recipe up to its export stage)",
+                                        show_default=False)],
+    out: Annotated[Path | None, typer.Option("--out", "-o", metavar="DIR", help="output folder (folder sources)",
+                                             show_default=False)] = None,
+    lowering: Annotated[str, typer.Option("--lowering", metavar="LIST",
+                                          help="Hydra GFC lowerings, comma-separated: conv, matmul")] = "conv,matmul",
+    precision: Annotated[str, typer.Option("--precision", metavar="LIST",
+                                           help="precisions, comma-separated: fp32, fp16, bf16")] = "fp32,fp16",
+    batch: Annotated[str, typer.Option("--batch", metavar="MIN:OPT:MAX", help="batch sizes of the TensorRT "
+                                       "profile and the checks")] = "1:8:32",
+    seq: Annotated[str, typer.Option("--seq", metavar="MIN:OPT:MAX",
+                                     help="sequence lengths (text models)")] = "8:64:128",
+    opset: Annotated[int, typer.Option("--opset", metavar="N", help="ONNX opset")] = 17,
+    trt_version: Annotated[str, typer.Option("--trt-version", metavar="V",
+                                             help="TensorRT version the lint checks against")] = "10",
+    profile: ProfileOpt = None,
+    force: ForceOpt = None,
+) -> None:
+    """Export ONNX graphs; every graph is checked against PyTorch and linted for TensorRT (exit 1 on a failure).
+
+    A checkpoint folder gives single.onnx, a Hydra folder hydra-<lowering>.onnx per lowering, each
+    with its --precision variants and graphs.json. A recipe runs its pipeline up to export.
+    """
+    if _is_recipe(src):
+        from toolchain.pipeline import run_pipeline
+
+        run_pipeline(_context(src, profile, force), until="export")
+        return
+    from toolchain.verbs import ExportOptions, Range, export_graphs
+
+    if out is None:
+        raise ToolchainError(f"export {src}: give the output folder with -o/--out.")
+    options = ExportOptions(lowerings=_csv_choice(lowering, "--lowering", ("conv", "matmul")),
+                            precisions=_csv_choice(precision, "--precision", ("fp32", "fp16", "bf16")),
+                            batch=Range.parse(batch, "--batch"), sequence=Range.parse(seq, "--seq"), opset=opset,
+                            trt_version=trt_version)
+    say = (lambda line: None) if _STATE["quiet"] else (lambda line: console.print(f"  {escape(line)}", highlight=False))
+    result = export_graphs(src, out, options, say=say)
+    if not result["ok"]:
+        console.print(f"[red]FAILED[/red]: a graph in {escape(str(out))} does not match PyTorch or fails the lint "
+                      "(graphs.json has the details)")
+        raise typer.Exit(1)
+    console.print(f"[green]ok[/green]: {len(result['graphs'])} graph(s) in {escape(str(out))} match PyTorch")
+
+
+def _csv_choice(text: str, option: str, allowed: tuple[str, ...]) -> list[str]:
+    values = [v.strip().lower() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise ToolchainError(f"{option} '{text}': use a comma-separated list of {', '.join(allowed)}.")
+    return values
+
+
+@app.command(name="inspect")
+def inspect_command(
+    path: Annotated[Path, typer.Argument(help="an .onnx graph, a TensorRT engine or a Hydra folder",
+                                         show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="print the description as JSON on stdout")] = False,
+) -> None:
+    """Inputs, outputs and dynamic dims, opset, operators, FP32 islands, weight bytes; a Hydra folder's members."""
+    import json as _json
+
+    from toolchain.verbs import format_inspection, inspect_path
+
+    info = inspect_path(path)
+    if as_json:
+        print(_json.dumps(info, indent=2, default=str))
+    else:
+        print(format_inspection(info))
 
 
 @app.command()

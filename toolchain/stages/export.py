@@ -14,27 +14,20 @@ from toolchain.stages.common import build_hydra, dynamic_axes, example_feed, loa
 
 
 def export_one(ctx: Context, module: torch.nn.Module, outputs: list[str], path: Path) -> dict[str, Any]:
-    """Export, check at shapes other than the export shape, lint for TensorRT; return facts."""
-    from toolchain.engines.onnxrt.dynamic import check_dynamic
-    from toolchain.export.lint import lint_tensorrt
-    from toolchain.export.onnx_export import export_onnx
-    from toolchain.export.stats import graph_stats
+    """Export, check at shapes other than the export shape, lint for TensorRT; return facts.
 
-    interrupts.check()  # a graceful SIGTERM stops between graphs, not inside the ONNX exporter
+    The recipe's shapes through :func:`toolchain.verbs.export_module`, the function
+    ``hydra-toolchain export SRC`` uses too.
+    """
+    from toolchain.verbs import export_module
+
     e = ctx.recipe.export
-    feed = example_feed(ctx, 2, min(e.sequence.opt, 32))
+    feed = example_feed(ctx, 1)
     names = [n for n in getattr(module, "input_names", feed) if n in feed]
-    feed = {n: feed[n] for n in names}
-    module.eval()
-    axes = dynamic_axes(ctx, names) | {o: {0: "batch"} for o in outputs}
-    res = export_onnx(module, feed, outputs, path, dynamic_axes=axes, opset=e.opset)
-    shapes = [(3, min(e.sequence.max, 21)), (1, min(e.sequence.max, 40))]
-    report = check_dynamic(path, module, lambda s: {n: v for n, v in example_feed(ctx, s[0], s[1], seed=5).items()
-                                                    if n in names}, shapes, atol=1e-4)
-    lint = lint_tensorrt(path, trt_version="10", profile=trt_profile(ctx, names))
-    return {"path": path.name, "outputs": outputs, "inputs": names, "summary": res.summary,
-            "dynamic_check": {"ok": report.ok, "shapes": [list(s) for s in shapes]},
-            "lint_ok": lint.ok, "lint": [str(f) for f in lint.findings], "stats": graph_stats(path)}
+    return export_module(module, outputs, path, make_feed=lambda b, s, seed: example_feed(ctx, b, s, seed=seed),
+                         names=names, axes=dynamic_axes(ctx, names), profile=trt_profile(ctx, names), opset=e.opset,
+                         export_shape=(2, min(e.sequence.opt, 32)),
+                         check_shapes=[(3, min(e.sequence.max, 21)), (1, min(e.sequence.max, 40))])
 
 
 @stage("export", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export"),
@@ -59,11 +52,11 @@ def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
     _m, adapter, _t = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
     graphs["single"] = {"kind": "single", "precision": "fp32",
                         **export_one(ctx, SingleModel(adapter), ["logits", "probs"], work / "single.onnx")}
-    for i in range(1, ctx.recipe.pruning.members):
+    members = [f"member{i}" for i in range(1, ctx.recipe.pruning.members)] if ctx.recipe.baselines.deep_ensemble else []
+    for i in range(1, len(members) + 1):
         _m, member, _t = load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")
         graphs[f"member{i}"] = {"kind": "member", "precision": "fp32",
                                 **export_one(ctx, SingleModel(member), ["logits", "probs"], work / f"member{i}.onnx")}
-    members = [f"member{i}" for i in range(1, ctx.recipe.pruning.members)]
     for base in [f"hydra-{low}" for low in e.lowerings] + ["single", *members]:
         for prec in [p for p in e.precisions if p != "fp32"]:
             name = f"{base}.{prec}"

@@ -1,0 +1,13 @@
+"""The file commands as functions (one implementation for the CLI, the stages and Python users).
+
+``hydra-toolchain export|inspect`` run them on a checkpoint folder, a fused Hydra folder or a graph.
+
+* :func:`~toolchain.verbs.export.export_graphs` - a checkpoint or Hydra folder -> ONNX graphs,
+  ``graphs.json`` and precision reports, every graph validated against PyTorch.
+* :func:`~toolchain.verbs.inspect.inspect_path` - what a graph, an engine or a Hydra folder holds.
+"""
+
+from toolchain.verbs.export import ExportOptions, Range, export_graphs, export_module
+from toolchain.verbs.inspect import format_inspection, inspect_path
+
+__all__ = ["ExportOptions", "Range", "export_graphs", "export_module", "format_inspection", "inspect_path"]

@@ -1,0 +1,124 @@
+"""``hydra-toolchain inspect``: what an ONNX graph, a TensorRT engine or a Hydra folder holds.
+
+* a graph (``.onnx``): inputs and outputs with their dynamic dimensions, opset, node count and
+  operator histogram, grouped convolutions, weight bytes, and for an FP16/BF16 graph its FP32
+  islands (nodes that compute in float32: the precision pass kept them there);
+* a TensorRT engine (``.engine`` / ``.plan``): the file and, where ``tensorrt`` imports, its I/O;
+* a Hydra folder (``hydra_config.json``): members, kept heads per layer and member, lowering,
+  MLP/LayerNorm/head modes, parameters against the single model and the deep ensemble.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from toolchain.errors import GraphError
+
+
+def _inspect_graph(path: Path) -> dict[str, Any]:
+    from toolchain.export.graph import graph_summary, load_checked
+    from toolchain.export.precision import compute_dtypes
+
+    info = {"kind": "onnx", **graph_summary(path)}
+    dtypes = compute_dtypes(load_checked(path, load_weights=False, check=False))
+    by_dtype = Counter(dtypes.values())
+    info["compute_dtypes"] = dict(by_dtype)
+    low = {"float16", "bfloat16"} & set(by_dtype)
+    if low:
+        model = load_checked(path, load_weights=False, check=False)
+        ops = {n.name: n.op_type for n in model.graph.node}
+        islands = Counter(ops[name] for name, dt in dtypes.items() if dt == "float" and ops.get(name) != "Cast")
+        info["fp32_islands"] = {"nodes": sum(islands.values()), "ops": dict(islands.most_common())}
+    return info
+
+
+def _inspect_engine(path: Path) -> dict[str, Any]:
+    info: dict[str, Any] = {"kind": "tensorrt", "file": path.name, "file_bytes": path.stat().st_size}
+    try:
+        import tensorrt as trt
+    except ImportError:
+        info["note"] = "tensorrt is not installed here: only the file size is known"
+        return info
+    runtime = trt.Runtime(trt.Logger(trt.Logger.ERROR))
+    engine = runtime.deserialize_cuda_engine(path.read_bytes())
+    if engine is None:
+        raise GraphError(f"'{path}' is not a TensorRT engine this TensorRT ({trt.__version__}) can load.")
+    tensors = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    info["io"] = [{"name": n, "mode": str(engine.get_tensor_mode(n)).split(".")[-1].lower(),
+                   "dtype": str(engine.get_tensor_dtype(n)).split(".")[-1].lower(),
+                   "shape": list(engine.get_tensor_shape(n))} for n in tensors]
+    info["tensorrt"] = trt.__version__
+    return info
+
+
+def _inspect_hydra(path: Path) -> dict[str, Any]:
+    from toolchain.hydra.io import load_hydra, summary
+
+    model = load_hydra(path)
+    c = model.config
+    return {"kind": "hydra", "folder": str(path), "family": c.family, "model_class": c.model_class,
+            "members": c.members, "lowering": c.lowering, "mlp": c.mlp, "layernorm": c.layernorm, "head": c.head,
+            "source": c.source, "inputs": list(c.input_names),
+            "heads_per_layer": [list(spec.heads) for spec in c.layers],
+            "kept_heads": [[spec.heads[m] for spec in c.layers] for m in range(c.members)],
+            "original_heads": c.original_heads, "summary": summary(model)}
+
+
+def inspect_path(path: str | Path) -> dict[str, Any]:
+    """Describe ``path``: an ``.onnx`` graph, a TensorRT engine, or a Hydra folder (see the module docstring)."""
+    from toolchain.hydra.io import CONFIG_FILE
+
+    path = Path(path)
+    if path.is_dir():
+        if (path / CONFIG_FILE).is_file():
+            return _inspect_hydra(path)
+        raise GraphError(f"folder '{path}' has no {CONFIG_FILE}: inspect takes a Hydra folder, an .onnx graph or a "
+                         "TensorRT engine.")
+    if not path.is_file():
+        raise GraphError(f"'{path}' does not exist.")
+    if path.suffix == ".onnx":
+        return _inspect_graph(path)
+    if path.suffix in (".engine", ".plan", ".trt"):
+        return _inspect_engine(path)
+    raise GraphError(f"'{path}': inspect takes an .onnx graph, a TensorRT engine (.engine/.plan) or a Hydra folder.")
+
+
+def _dims(dims: list) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def format_inspection(info: dict[str, Any]) -> str:
+    """Human-readable lines of :func:`inspect_path`'s result."""
+    if info["kind"] == "hydra":
+        lines = [f"Hydra folder {info['folder']}: {info['family']} ({info['model_class']}), M = {info['members']} "
+                 f"members, lowering {info['lowering']}, mlp {info['mlp']}, layernorm {info['layernorm']}, "
+                 f"head {info['head']}, fused from {info['source']}",
+                 f"inputs: {', '.join(info['inputs'])}",
+                 f"kept heads per layer (of {info['original_heads']}):"]
+        lines += [f"  member {m}: {heads}" for m, heads in enumerate(info["kept_heads"])]
+        params = info["summary"].get("params", {})
+        if params:
+            lines.append("parameters: " + ", ".join(f"{k} {v:,}" for k, v in params.items()))
+        return "\n".join(lines)
+    if info["kind"] == "tensorrt":
+        lines = [f"TensorRT engine {info['file']}: {info['file_bytes']:,} bytes"]
+        lines += [f"  {t['mode']} {t['name']}: {t['dtype']} {t['shape']}" for t in info.get("io", [])]
+        if "note" in info:
+            lines.append(info["note"])
+        return "\n".join(lines)
+    opset = ", ".join(f"{k} {v}" for k, v in info["opset"].items())
+    lines = [f"ONNX graph {info['file']}: opset {opset}, {info['nodes']} nodes, {info['parameters']:,} parameters, "
+             f"{info['initializer_bytes'] / 1e6:.1f} MB of weights"]
+    lines += [f"  input  {e['name']}: {e['dtype']} {_dims(e['dims'])}" for e in info["inputs"]]
+    lines += [f"  output {e['name']}: {e['dtype']} {_dims(e['dims'])}" for e in info["outputs"]]
+    lines.append("operators: " + ", ".join(f"{op} {n}" for op, n in list(info["operators"].items())[:12]))
+    if info["grouped_conv"]:
+        lines.append(f"grouped Conv: {info['grouped_conv']} (groups {sorted(set(info['conv_groups'].values()))})")
+    lines.append("computes in: " + ", ".join(f"{k} {v}" for k, v in info["compute_dtypes"].items()))
+    if "fp32_islands" in info:
+        isl = info["fp32_islands"]
+        lines.append(f"FP32 islands: {isl['nodes']} nodes (" + ", ".join(f"{op} {n}" for op, n in isl["ops"].items())
+                     + ")")
+    return "\n".join(lines)
