@@ -129,7 +129,6 @@ for _name, _doc in [
     ("prune", "Make the M pruned members and their diversity report."),
     ("fuse", "Fuse the members into one Hydra model (safetensors + JSON config) and print its summary."),
     ("build", "Build TensorRT engines where tensorrt and a CUDA GPU are available."),
-    ("bench", "Latency and size: single model vs deep ensemble vs Hydra, interleaved rounds (JSON, Markdown, PNG)."),
     ("report", "Write the results report (Markdown + HTML)."),
 ]:
     _stage_command(_name, _doc)
@@ -193,6 +192,52 @@ def _csv_choice(text: str, option: str, allowed: tuple[str, ...]) -> list[str]:
     if bad or not values:
         raise ToolchainError(f"{option} '{text}': use a comma-separated list of {', '.join(allowed)}.")
     return values
+
+
+@app.command(name="bench")
+def bench_command(
+    graphs: Annotated[list[Path], typer.Argument(help="ONNX graphs (the first is the reference of the ratios), or "
+                                                 "one recipe YAML file (runs the recipe up to its bench stage)",
+                                                 show_default=False)],
+    engine: Annotated[str, typer.Option("--engine", metavar="KIND", help="engine kind that runs the graphs")] =
+        "onnxrt-cpu",
+    batch: Annotated[str, typer.Option("--batch", metavar="LIST", help="batch sizes, comma-separated")] = "1,8",
+    seq: Annotated[int, typer.Option("--seq", metavar="N", help="tokens per sample (text graphs)")] = 128,
+    threads: Annotated[int, typer.Option("--threads", metavar="N", help="intra-op threads per session")] = 2,
+    warmup: Annotated[int, typer.Option("--warmup", metavar="N", help="untimed passes per case")] = 3,
+    rounds: Annotated[int, typer.Option("--rounds", metavar="N", help="timed interleaved rounds per case")] = 15,
+    out: Annotated[Path | None, typer.Option("--out", "-o", metavar="DIR", help="write bench.json, bench.md and "
+                                             "bench.png here", show_default=False)] = None,
+    profile: ProfileOpt = None,
+    force: ForceOpt = None,
+) -> None:
+    """Latency of graphs side by side: interleaved rounds, p50/p90/p99, per-round ratios to the first graph.
+
+    With a recipe: single model vs deep ensemble vs Hydra of its export stage (JSON, Markdown, PNG).
+    """
+    if len(graphs) == 1 and _is_recipe(graphs[0]):
+        from toolchain.pipeline import run_pipeline
+
+        run_pipeline(_context(graphs[0], profile, force), until="bench")
+        return
+    from toolchain.engines import engine_kinds
+    from toolchain.verbs import bench_graphs, bench_table
+
+    runs_files = [k.name for k in engine_kinds() if k.runs_files]
+    if engine not in runs_files:
+        raise ToolchainError(f"--engine '{engine}': use one of {', '.join(runs_files)}.")
+    try:
+        sizes = [int(b) for b in batch.split(",") if b.strip()]
+    except ValueError:
+        raise ToolchainError(f"--batch '{batch}': use comma-separated integers, e.g. 1,8.") from None
+    result = bench_graphs(graphs, engine=engine, batch_sizes=sizes, sequence_length=seq, threads=threads,
+                          warmup=warmup, rounds=rounds, out=out, progress=not _STATE["quiet"])
+    status = result["engines"].get(engine, {})
+    if status.get("status") != "ok":
+        raise ToolchainError(f"bench: {engine} did not run: {status.get('reason', 'unknown reason')}.")
+    print(bench_table(result, next(iter(result["plan"]))))
+    if out is not None:
+        console.print(f"[green]ok[/green]: {escape(str(out))}/bench.json, bench.md, bench.png")
 
 
 @app.command(name="inspect")

@@ -116,3 +116,25 @@ def test_inspect_each_kind(folders, tmp_path):
     out = cli("inspect", str(folders["hydra"]), "--json")
     assert out.returncode == 0 and json.loads(out.stdout)["members"] == 2
     assert cli("inspect", str(tmp_path / "nothing.onnx")).returncode == 2
+
+
+def test_bench_of_two_graphs_through_the_cli(folders, tmp_path):
+    export_graphs(folders["hydra"], tmp_path / "g", ExportOptions(lowerings=("conv", "matmul"), precisions=("fp32",),
+                                                                  batch=Range(1, 2, 4), sequence=Range(4, 8, 12)))
+    out = cli("bench", str(tmp_path / "g" / "hydra-conv.onnx"), str(tmp_path / "g" / "hydra-matmul.onnx"),
+              "--batch", "1,2", "--seq", "12", "--rounds", "3", "--warmup", "1", "-o", str(tmp_path / "b"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert [c["batch"] for c in result["cases"]] == [1, 2]
+    for case in result["cases"]:
+        assert set(case["variants"]) == {"hydra-conv", "hydra-matmul"}
+        assert len(case["variants"]["hydra-conv"]["samples_s"]) == 3  # every round kept
+        assert set(case["ratios"]) == {"hydra-matmul/hydra-conv"}
+    md = (tmp_path / "b" / "bench.md").read_text()
+    assert "| onnxrt-cpu | 2 | hydra-matmul |" in md and "/ hydra-conv (p10, p90)" in md
+    assert (tmp_path / "b" / "bench.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| onnxrt-cpu | 1 | hydra-conv |" in out.stdout
+    single = export_graphs(folders["checkpoint"], tmp_path / "s", ExportOptions(precisions=("fp32",)))
+    assert single["ok"]
+    out = cli("bench", str(tmp_path / "s" / "single.onnx"), "--engine", "tensorrt-x")
+    assert out.returncode == 2 and "--engine 'tensorrt-x'" in out.stderr

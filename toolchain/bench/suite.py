@@ -331,6 +331,9 @@ def run_bench(
     engines_dir: Path | None = None,
     stem: str = "latency",
     seed: int = 0,
+    graphs: Mapping[str, Mapping[str, Any]] | None = None,
+    plan: Mapping[str, Sequence[str]] | None = None,
+    pairs: Sequence[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Measure single model, deep ensemble and Hydra graphs of an export folder; write the report.
 
@@ -359,6 +362,12 @@ def run_bench(
         engines_dir: folder with the TensorRT ``engines.json`` (default ``export_dir/../build``).
         stem: file name stem of the report files.
         seed: seed of the generated feeds.
+        graphs: the graphs to run instead of ``export_dir``'s ``graphs.json`` (name -> entry with
+            ``path``, absolute or relative to ``export_dir``, and ``summary``); ``hydra-toolchain
+            bench GRAPH...`` passes the files it was given.
+        plan: variant name -> graph names, instead of :func:`plan_variants`.
+        pairs: ``(numerator, denominator)`` variants whose per-round ratios are reported, instead
+            of :func:`ratio_pairs`.
 
     Returns:
         The JSON-able result (also written as ``<stem>.json``): ``settings``, ``machine``,
@@ -373,8 +382,8 @@ def run_bench(
         engines = [k for k in default_engines() if engine_kind(k).runs_files]
     per_batch = _rounds_per_batch(rounds, batch_sizes)
     _check_settings(batch_sizes, sequence_length, threads, warmup, min(per_batch.values()), engines)
-    graphs = read_graphs(export_dir)
-    plan = plan_variants(graphs, precisions)
+    graphs = dict(graphs) if graphs is not None else read_graphs(export_dir)
+    plan = dict(plan) if plan is not None else plan_variants(graphs, precisions)
     if not plan:
         raise GraphError(f"graphs.json in {export_dir} has no single-model or Hydra graph of precision {precisions}.")
     needed = list(dict.fromkeys(n for names in plan.values() for n in names))
@@ -434,7 +443,7 @@ def run_bench(
         finally:
             _deactivate(runners)
         for res in results:
-            cases_out.append(_case_entry(kind, res, analytic, peaks, graph_info, plan, unstreamed))
+            cases_out.append(_case_entry(kind, res, analytic, peaks, graph_info, plan, unstreamed, pairs))
 
     result = {
         "schema": "hydra-toolchain.bench/1",
@@ -550,6 +559,7 @@ def _case_entry(
     graph_info: Mapping[str, Mapping[str, Any]],
     plan: Mapping[str, Sequence[str]],
     unstreamed: Mapping[str, Mapping[str, float]],
+    pairs: Sequence[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     stats = res.stats()
     entry: dict[str, Any] = {"engine": kind, **res.case.key, "order": res.order,
@@ -562,8 +572,9 @@ def _case_entry(
             "initializer_bytes": sum(graph_info[g]["footprint"].get("initializer_bytes", 0)
                                      for g in dict.fromkeys(graphs)),
         }
-    for num, den in ratio_pairs(list(res.samples)):
-        entry["ratios"][f"{num}/{den}"] = res.ratio(num, den)
+    for num, den in (pairs if pairs is not None else ratio_pairs(list(res.samples))):
+        if num in res.samples and den in res.samples:
+            entry["ratios"][f"{num}/{den}"] = res.ratio(num, den)
     batch = str(res.case.batch)
     if analytic and peaks is not None:
         for precision, by_batch in analytic.items():
