@@ -199,8 +199,8 @@ def bench_command(
     graphs: Annotated[list[Path], typer.Argument(help="ONNX graphs (the first is the reference of the ratios), or "
                                                  "one recipe YAML file (runs the recipe up to its bench stage)",
                                                  show_default=False)],
-    engine: Annotated[str, typer.Option("--engine", metavar="KIND", help="engine kind that runs the graphs")] =
-        "onnxrt-cpu",
+    engine: Annotated[str | None, typer.Option("--engine", metavar="KIND", help="engine kind that runs the graphs "
+                                               "(default: the CPU kind every recipe has)")] = None,
     batch: Annotated[str, typer.Option("--batch", metavar="LIST", help="batch sizes, comma-separated")] = "1,8",
     seq: Annotated[int, typer.Option("--seq", metavar="N", help="tokens per sample (text graphs)")] = 128,
     threads: Annotated[int, typer.Option("--threads", metavar="N", help="intra-op threads per session")] = 2,
@@ -224,7 +224,7 @@ def bench_command(
     from toolchain.verbs import bench_graphs, bench_table
 
     runs_files = [k.name for k in engine_kinds() if k.runs_files]
-    if engine not in runs_files:
+    if engine is not None and engine not in runs_files:
         raise ToolchainError(f"--engine '{engine}': use one of {', '.join(runs_files)}.")
     try:
         sizes = [int(b) for b in batch.split(",") if b.strip()]
@@ -232,9 +232,10 @@ def bench_command(
         raise ToolchainError(f"--batch '{batch}': use comma-separated integers, e.g. 1,8.") from None
     result = bench_graphs(graphs, engine=engine, batch_sizes=sizes, sequence_length=seq, threads=threads,
                           warmup=warmup, rounds=rounds, out=out, progress=not _STATE["quiet"])
-    status = result["engines"].get(engine, {})
+    ran = result["settings"]["engines"][0]
+    status = result["engines"].get(ran, {})
     if status.get("status") != "ok":
-        raise ToolchainError(f"bench: {engine} did not run: {status.get('reason', 'unknown reason')}.")
+        raise ToolchainError(f"bench: {ran} did not run: {status.get('reason', 'unknown reason')}.")
     print(bench_table(result, next(iter(result["plan"]))))
     if out is not None:
         console.print(f"[green]ok[/green]: {escape(str(out))}/bench.json, bench.md, bench.png")

@@ -61,7 +61,8 @@ def test_sigterm_during_finetuning_keeps_nothing_partial_and_the_rerun_completes
                             cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     tail = StderrTail(proc)
-    progress = re.compile(rf"\| *([1-9]\d*)/{STEPS} ")  # tqdm: at least one optimiser step done
+    # at least one optimiser step done: a progress line in this log ("base classifier: 3/12 steps"; a tqdm bar on a TTY)
+    progress = re.compile(rf"(?:\| *|: )([1-9]\d*)/{STEPS} ")
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         if f"base classifier: {STEPS} steps" in tail.text and progress.search(tail.text):

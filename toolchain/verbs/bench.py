@@ -37,15 +37,20 @@ def bench_table(result: dict[str, Any], first: str) -> str:
     return "\n".join(rows)
 
 
-def bench_graphs(paths: Sequence[str | Path], *, engine: str = "onnxrt-cpu", batch_sizes: Sequence[int] = (1, 8),
+def bench_graphs(paths: Sequence[str | Path], *, engine: str | None = None, batch_sizes: Sequence[int] = (1, 8),
                  sequence_length: int = 128, threads: int = 2, warmup: int = 3, rounds: int = 15,
                  out: str | Path | None = None, stem: str = "bench", progress: bool = True) -> dict[str, Any]:
-    """Time ``paths`` side by side (see the module docstring); return the result, written under ``out``."""
+    """Time ``paths`` side by side (see the module docstring); return the result, written under ``out``.
+
+    ``engine``: a kind that runs graph files (default: the CPU kind every recipe has).
+    """
     from toolchain.artifacts import atomic_write_json, atomic_write_text
     from toolchain.bench import run_bench
     from toolchain.bench.report import machine_line, plot_report
+    from toolchain.engines import default_engines, engine_kind
     from toolchain.export.graph import graph_summary
 
+    engine = engine or next(k for k in default_engines() if engine_kind(k).runs_files)
     files = [Path(p).resolve() for p in paths]
     for f in files:
         if not f.is_file() or f.suffix != ".onnx":

@@ -93,10 +93,10 @@ def export_module(module: torch.nn.Module, outputs: list[str], path: Path, *, ma
 def validate_precision(path: Path, module: torch.nn.Module, feed: Mapping[str, torch.Tensor],
                        precision: str) -> dict[str, Any]:
     """A low-precision graph against PyTorch on ``feed``, with the precision's default tolerances."""
-    from toolchain.engines import engine_kind, make_runner
+    from toolchain.engines import default_engines, engine_kind, make_runner
     from toolchain.parity.tolerances import default_tolerances, evaluate_rule, resolve_tolerance
 
-    kind = engine_kind("onnxrt-cpu")
+    kind = engine_kind(next(k for k in default_engines() if engine_kind(k).runs_files))  # the CPU kind every recipe has
     name = kind.substitutes.get(precision, kind.name)
     with torch.no_grad():
         want = {k: v.float().numpy() for k, v in module(**feed).items()}

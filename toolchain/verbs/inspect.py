@@ -3,7 +3,8 @@
 * a graph (``.onnx``): inputs and outputs with their dynamic dimensions, opset, node count and
   operator histogram, grouped convolutions, weight bytes, and for an FP16/BF16 graph its FP32
   islands (nodes that compute in float32: the precision pass kept them there);
-* a TensorRT engine (``.engine`` / ``.plan``): the file and, where ``tensorrt`` imports, its I/O;
+* an engine file (a suffix an engine kind registers, e.g. a TensorRT plan): its kind, size and the
+  inputs its kind records beside it (no GPU needed);
 * a Hydra folder (``hydra_config.json``): members, kept heads per layer and member, lowering,
   MLP/LayerNorm/head modes, parameters against the single model and the deep ensemble.
 """
@@ -34,22 +35,23 @@ def _inspect_graph(path: Path) -> dict[str, Any]:
     return info
 
 
-def _inspect_engine(path: Path) -> dict[str, Any]:
-    info: dict[str, Any] = {"kind": "tensorrt", "file": path.name, "file_bytes": path.stat().st_size}
-    try:
-        import tensorrt as trt
-    except ImportError:
-        info["note"] = "tensorrt is not installed here: only the file size is known"
+def _inspect_engine(path: Path, kind: Any) -> dict[str, Any]:
+    """An engine file of ``kind`` (from the registry, by suffix): its size and the inputs its kind records."""
+    import dataclasses
+
+    from toolchain.errors import ToolchainError
+
+    info: dict[str, Any] = {"kind": "engine", "engine_kind": kind.name, "file": path.name,
+                            "file_bytes": path.stat().st_size}
+    if kind.inspect_file is None:
         return info
-    runtime = trt.Runtime(trt.Logger(trt.Logger.ERROR))
-    engine = runtime.deserialize_cuda_engine(path.read_bytes())
-    if engine is None:
-        raise GraphError(f"'{path}' is not a TensorRT engine this TensorRT ({trt.__version__}) can load.")
-    tensors = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-    info["io"] = [{"name": n, "mode": str(engine.get_tensor_mode(n)).split(".")[-1].lower(),
-                   "dtype": str(engine.get_tensor_dtype(n)).split(".")[-1].lower(),
-                   "shape": list(engine.get_tensor_shape(n))} for n in tensors]
-    info["tensorrt"] = trt.__version__
+    try:
+        specs, _limits = kind.inspect_file(path)
+    except ToolchainError as exc:
+        info["note"] = f"inputs unknown: {exc}"
+        return info
+    info["inputs"] = {name: (dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else str(spec))
+                      for name, spec in specs.items()}
     return info
 
 
@@ -78,11 +80,15 @@ def inspect_path(path: str | Path) -> dict[str, Any]:
                          "TensorRT engine.")
     if not path.is_file():
         raise GraphError(f"'{path}' does not exist.")
+    from toolchain.engines import engine_kind, kinds_for_suffix, known_suffixes
+
     if path.suffix == ".onnx":
         return _inspect_graph(path)
-    if path.suffix in (".engine", ".plan", ".trt"):
-        return _inspect_engine(path)
-    raise GraphError(f"'{path}': inspect takes an .onnx graph, a TensorRT engine (.engine/.plan) or a Hydra folder.")
+    kinds = kinds_for_suffix(path.suffix)
+    if kinds:
+        return _inspect_engine(path, engine_kind(kinds[0]))
+    raise GraphError(f"'{path}': inspect takes an .onnx graph, an engine file ({', '.join(known_suffixes())}) or a "
+                     "Hydra folder.")
 
 
 def _dims(dims: list) -> str:
@@ -102,9 +108,9 @@ def format_inspection(info: dict[str, Any]) -> str:
         if params:
             lines.append("parameters: " + ", ".join(f"{k} {v:,}" for k, v in params.items()))
         return "\n".join(lines)
-    if info["kind"] == "tensorrt":
-        lines = [f"TensorRT engine {info['file']}: {info['file_bytes']:,} bytes"]
-        lines += [f"  {t['mode']} {t['name']}: {t['dtype']} {t['shape']}" for t in info.get("io", [])]
+    if info["kind"] == "engine":
+        lines = [f"{info['engine_kind']} engine {info['file']}: {info['file_bytes']:,} bytes"]
+        lines += [f"  input {name}: {spec}" for name, spec in info.get("inputs", {}).items()]
         if "note" in info:
             lines.append(info["note"])
         return "\n".join(lines)
