@@ -75,19 +75,20 @@ def _scale_classifier(module: nn.Module, factor: float) -> None:
         module.weight.mul_(factor)
 
 
+_BERT_LAYOUT = {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.0}
+
+
+#: the tiny image layout of ViT and DeiT: 16x16 one-channel images, patch 4, hidden 32
+_VIT_LAYOUT = {"image_size": 16, "patch_size": 4, "num_channels": 1, "hidden_size": 32, "intermediate_size": 64,
+               "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+
 def tiny_bert(seed: int = 0, num_labels: int = 3, layers: int = 2, heads: int = 4) -> TinyModel:
     """BertForSequenceClassification, hidden 32, ``layers`` x ``heads``, vocab 100."""
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(seed)
-    cfg = BertConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=heads,
-        intermediate_size=64, max_position_embeddings=64, num_labels=num_labels,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-    )
-    model = BertForSequenceClassification(cfg).eval()
-    _scale_classifier(model.classifier, 300.0)
-    return TinyModel(model, adapter_for(model), _text_batch(100, 12))
+    return _tiny_text("BertConfig", "BertForSequenceClassification", seed, 300.0, **_BERT_LAYOUT,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_labels=num_labels,
+                      max_position_embeddings=64)
 
 
 def tiny_vit(seed: int = 0, num_labels: int = 10, layers: int = 2, heads: int = 4) -> TinyModel:
@@ -95,11 +96,7 @@ def tiny_vit(seed: int = 0, num_labels: int = 10, layers: int = 2, heads: int = 
     from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(seed)
-    cfg = ViTConfig(
-        image_size=16, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=layers,
-        num_attention_heads=heads, intermediate_size=64, num_labels=num_labels,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-    )
+    cfg = ViTConfig(**_VIT_LAYOUT, num_hidden_layers=layers, num_attention_heads=heads, num_labels=num_labels)
     model = ViTForImageClassification(cfg).eval()
     _scale_classifier(model.classifier, 20.0)
     return TinyModel(model, adapter_for(model), _image_batch(1, 16))
@@ -142,10 +139,6 @@ def _tiny_text(config_class: str, classifier_class: str, seed: int, scale: float
     return TinyModel(model, adapter, _text_batch(100, 12, adapter.input_names, int(cfg.pad_token_id or 0)))
 
 
-_BERT_LAYOUT = {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "hidden_dropout_prob": 0.0,
-                "attention_probs_dropout_prob": 0.0}
-
-
 def tiny_roberta(seed: int = 0, num_labels: int = 3, layers: int = 2, heads: int = 4) -> TinyModel:
     """RobertaForSequenceClassification, hidden 32, padding index 1 (positions start at 2)."""
     return _tiny_text("RobertaConfig", "RobertaForSequenceClassification", seed, 300.0, **_BERT_LAYOUT,
@@ -179,11 +172,7 @@ def tiny_deit(seed: int = 0, num_labels: int = 10, layers: int = 2, heads: int =
     from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher
 
     torch.manual_seed(seed)
-    cfg = DeiTConfig(
-        image_size=16, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=layers,
-        num_attention_heads=heads, intermediate_size=64, num_labels=num_labels,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-    )
+    cfg = DeiTConfig(**_VIT_LAYOUT, num_hidden_layers=layers, num_attention_heads=heads, num_labels=num_labels)
     model = DeiTForImageClassificationWithTeacher(cfg).eval()
     emb = model.deit.embeddings
     with torch.no_grad():  # initialised to zeros: CLS and distillation tokens would be the same token
