@@ -244,10 +244,10 @@ def runner_input_specs(ctx: Context, names: list[str]) -> dict[str, tuple]:
 
 def trt_profile(ctx: Context, names: list[str]) -> dict[str, tuple]:
     """The recipe's min/opt/max shapes per input (the TensorRT optimisation profile)."""
+    from toolchain.verbs.export import tensorrt_profile
+
     e = ctx.recipe.export
-    feed = example_feed(ctx, 1)
-    sizes = [{"batch": getattr(e.batch, k), "sequence": getattr(e.sequence, k)} for k in ("min", "opt", "max")]
-    return {n: tuple(spec.shape(feed[n].shape, s) for s in sizes) for n, spec in input_specs(ctx, names).items()}
+    return tensorrt_profile(input_specs(ctx, names), example_feed(ctx, 1), names, e.batch, e.sequence)
 
 
 # ---------------------------------------------------------------------------- compare variants

@@ -26,8 +26,7 @@ def export_one(ctx: Context, module: torch.nn.Module, outputs: list[str], path: 
     names = [n for n in getattr(module, "input_names", feed) if n in feed]
     return export_module(module, outputs, path, make_feed=lambda b, s, seed: example_feed(ctx, b, s, seed=seed),
                          names=names, axes=dynamic_axes(ctx, names), profile=trt_profile(ctx, names), opset=e.opset,
-                         export_shape=(2, min(e.sequence.opt, 32)),
-                         check_shapes=[(3, min(e.sequence.max, 21)), (1, min(e.sequence.max, 40))])
+                         sequence=e.sequence)
 
 
 @stage("export", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export"),

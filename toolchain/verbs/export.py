@@ -59,16 +59,30 @@ class ExportOptions:
     trt_version: str = "10"
 
 
+def tensorrt_profile(specs: Mapping[str, Any], example: Mapping[str, torch.Tensor], names: Sequence[str],
+                     batch: Any, sequence: Any) -> dict[str, tuple]:
+    """Min/opt/max shape per input (the TensorRT optimisation profile) from ``batch`` / ``sequence`` ranges.
+
+    ``specs``: the family's :class:`~toolchain.models.InputSpec` by name; ``example``: a generated feed
+    (static dimensions are read from it); the ranges have ``min``/``opt``/``max`` attributes.
+    """
+    sizes = [{"batch": getattr(batch, k), "sequence": getattr(sequence, k)} for k in ("min", "opt", "max")]
+    return {n: tuple(specs[n].shape(example[n].shape, s) for s in sizes) for n in names}
+
+
 def export_module(module: torch.nn.Module, outputs: list[str], path: Path, *, make_feed: FeedMaker,
                   names: list[str], axes: Mapping[str, Mapping[int, str]], profile: Mapping[str, tuple] | None,
-                  opset: int, export_shape: tuple[int, int], check_shapes: Sequence[tuple[int, int]],
-                  trt_version: str = "10", raise_on_failure: bool = True) -> dict[str, Any]:
+                  opset: int, sequence: Any, trt_version: str = "10",
+                  raise_on_failure: bool = True) -> dict[str, Any]:
     """Export ``module`` to ``path``, check it against PyTorch at other shapes, lint it; return the facts.
 
-    ``make_feed(batch, sequence, seed)`` generates inputs; ``export_shape`` is the traced
-    ``(batch, sequence)``, ``check_shapes`` the ones the ONNX Runtime run is compared at (atol 1e-4;
-    a mismatch raises unless ``raise_on_failure`` is False, then it is in ``dynamic_check``).
+    ``make_feed(batch, sequence, seed)`` generates inputs; ``sequence`` (``opt``/``max``) sets the
+    traced shape ``(2, min(opt, 32))`` and the checked ones ``(3, min(max, 21))``, ``(1, min(max, 40))``
+    where ONNX Runtime is compared with PyTorch (atol 1e-4; a mismatch raises unless
+    ``raise_on_failure`` is False, then it is in ``dynamic_check``).
     """
+    export_shape = (2, min(sequence.opt, 32))
+    check_shapes = [(3, min(sequence.max, 21)), (1, min(sequence.max, 40))]
     from toolchain import interrupts
     from toolchain.engines.onnxrt.dynamic import check_dynamic
     from toolchain.export.lint import lint_tensorrt
@@ -185,18 +199,15 @@ def export_graphs(src: str | Path, out: str | Path, options: ExportOptions | Non
     out.mkdir(parents=True, exist_ok=True)
     specs = source.family.input_specs()
     example = source.make_feed(1, o.sequence.opt, 0)
-    sizes = [{"batch": getattr(o.batch, k), "sequence": getattr(o.sequence, k)} for k in ("min", "opt", "max")]
     graphs: dict[str, Any] = {}
     bases = [f"hydra-{low}" for low in o.lowerings] if source.kind == "hydra" else ["single"]
     for base in bases:
         module, outputs = source.build(base.split("-", 1)[1] if source.kind == "hydra" else None)
         names = [n for n in getattr(module, "input_names", ()) or source.family.input_names if n in specs]
-        profile = {n: tuple(specs[n].shape(example[n].shape, s) for s in sizes) for n in names}
         facts = export_module(module, outputs, out / f"{base}.onnx", make_feed=source.make_feed, names=names,
-                              axes={n: specs[n].dynamic_axes() for n in names}, profile=profile, opset=o.opset,
-                              export_shape=(2, min(o.sequence.opt, 32)),
-                              check_shapes=[(3, min(o.sequence.max, 21)), (1, min(o.sequence.max, 40))],
-                              trt_version=o.trt_version, raise_on_failure=False)
+                              axes={n: specs[n].dynamic_axes() for n in names},
+                              profile=tensorrt_profile(specs, example, names, o.batch, o.sequence), opset=o.opset,
+                              sequence=o.sequence, trt_version=o.trt_version, raise_on_failure=False)
         graphs[base] = {"kind": source.kind if source.kind == "hydra" else "single", "precision": "fp32", **facts}
         ok = facts["dynamic_check"]["ok"] and facts["lint_ok"]
         nodes = facts["stats"]["nodes_excluding_constant"]
