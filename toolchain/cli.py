@@ -261,13 +261,105 @@ def inspect_command(
 
 @app.command()
 def parity(
-    recipe: RecipeArg,
-    profile: ProfileOpt = None,
-    force: ForceOpt = None,
+    graphs: Annotated[list[Path], typer.Argument(help="ONNX graphs or engine files to check (or one recipe YAML file: "
+                                                 "runs the recipe up to its parity stage)", show_default=False)],
+    reference: Annotated[Path | None, typer.Option("--reference", "-r", metavar="SRC", help="the PyTorch source: "
+                                                   "the checkpoint folder or Hydra folder the graphs came from",
+                                                   show_default=False)] = None,
+    data: Annotated[Path | None, typer.Option("--data", metavar="CSV", help="labelled rows (text,label) for the "
+                                              "ID metrics", show_default=False)] = None,
+    ood: Annotated[Path | None, typer.Option("--ood", metavar="CSV", help="out-of-distribution rows (text,label; "
+                                             "labels unused) for the OOD metrics", show_default=False)] = None,
+    inputs: Annotated[Path | None, typer.Option("--inputs", metavar="NPZ", help="feeds from --save-inputs, or named "
+                                                "arrays per graph input (+ labels)", show_default=False)] = None,
+    save_inputs: Annotated[Path | None, typer.Option("--save-inputs", metavar="NPZ", help="write every feed of this "
+                                                     "run (replay it in CI with --inputs)", show_default=False)] = None,
+    tol: Annotated[list[str] | None, typer.Option("--tol", metavar="OUTPUT:ATOL:RTOL", help="numeric tolerance of "
+                                                  "an output ('*': every output); default: the precision's measured "
+                                                  "tolerances", show_default=False)] = None,
+    uq_tol: Annotated[list[str] | None, typer.Option("--uq-tol", metavar="METRIC:DELTA", help="allowed UQ-metric "
+                                                     "difference ('*': every metric)", show_default=False)] = None,
+    engine: Annotated[str | None, typer.Option("--engine", metavar="KIND", help="engine kind that runs .onnx graphs "
+                                               "(default: the CPU kind every recipe has)", show_default=False)] = None,
+    precision: Annotated[str | None, typer.Option("--precision", metavar="P", help="precision of engine files whose "
+                                                  "name does not say it (graphs: read from the graph)",
+                                                  show_default=False)] = None,
+    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", metavar="DIR", help="tokenizer folder for --data "
+                                                   "(default: the reference folder)", show_default=False)] = None,
+    max_length: Annotated[int, typer.Option("--max-length", metavar="N", help="tokens per text")] = 128,
+    batch_size: Annotated[int, typer.Option("--batch-size", metavar="N", help="rows per batch")] = 32,
+    max_rows: Annotated[int | None, typer.Option("--max-rows", metavar="N", help="at most N rows per CSV (a seeded "
+                                                 "sample; default: all)", show_default=False)] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", metavar="DIR", help="write report.json, junit.xml and "
+                                             "summary.md here", show_default=False)] = None,
+    json_file: Annotated[Path | None, typer.Option("--json", metavar="FILE", help="write the JSON report here",
+                                                   show_default=False)] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", metavar="FILE", help="write the JUnit XML here",
+                                               show_default=False)] = None,
     rescue: Annotated[bool, typer.Option("--rescue", help="for failing FP16/BF16 graphs, find the smallest set "
                                          "of nodes to keep in FP32 and write the passing graph")] = False,
+    profile: ProfileOpt = None,
+    force: ForceOpt = None,
 ) -> None:
-    """Numerical and UQ-metric parity of every engine vs the PyTorch reference (exit 1 on failure)."""
+    """Numeric and UQ-metric parity of graphs or engines against their PyTorch source (exit 1 on a failure).
+
+    Exit codes: 0 every check passed, 1 a check failed, 2 a file could not run, 3 an optional component
+    (TensorRT, CUDA) is missing. With a recipe: every engine of its pipeline.
+    """
+    if len(graphs) == 1 and _is_recipe(graphs[0]):
+        _recipe_parity(graphs[0], profile, force, rescue)
+        return
+    from toolchain.verbs.parity import ParityOptions, check_parity, parse_tolerance_options, rescue_graphs
+
+    if reference is None:
+        raise ToolchainError("parity GRAPH...: give the PyTorch source with --reference (the checkpoint or Hydra "
+                             "folder the graphs were exported from).")
+    if precision is not None and precision not in ("fp32", "fp16", "bf16"):
+        raise ToolchainError(f"--precision '{precision}': use fp32, fp16 or bf16.")
+    for option, value in (("--max-length", max_length), ("--batch-size", batch_size), ("--max-rows", max_rows)):
+        if value is not None and value < (2 if option == "--max-length" else 1):
+            raise ToolchainError(f"{option} {value}: use a positive number.")
+    tolerances, uq_tolerances = parse_tolerance_options(tol or (), uq_tol or ())
+    for flag, path in (("--out", out), ("--json", json_file), ("--junit", junit), ("--save-inputs", save_inputs)):
+        if path is not None and any(path.resolve() == g.resolve() for g in graphs):
+            raise ToolchainError(f"{flag} '{path}' would overwrite a graph; choose another path.")
+    options = ParityOptions(data=data, ood=ood, inputs=inputs, tokenizer=tokenizer, max_length=max_length,
+                            batch_size=batch_size, max_rows=max_rows, tolerances=tolerances,
+                            uq_tolerances=uq_tolerances, engine=engine, precision=precision, save_inputs=save_inputs)
+    say = (lambda line: None) if _STATE["quiet"] else (lambda line: console.print(f"  {escape(line)}", highlight=False))
+    verdict = check_parity(graphs, reference, options, out=out, say=say)
+    _write_reports(verdict, json_file, junit)
+    for problem in verdict.problems():
+        console.print(f"    [red]x[/red] {escape(problem)}", highlight=False)
+    for note in verdict.notes():
+        console.print(f"    [yellow]?[/yellow] {escape(note)}", highlight=False)
+    code = verdict.exit_code
+    if rescue and code == 1:
+        where = out or graphs[0].parent
+        results = rescue_graphs(verdict, reference, options, where, say=say)
+        if results and all(r["passed"] for r in results) and len(results) == len({c.engine for c in verdict.failures}):
+            console.print(f"[green]rescued[/green]: {len(results)} graph(s) in {escape(str(where))}/rescued")
+            return
+    colour = "green" if code == 0 else "red"
+    console.print(f"[{colour}]{escape(verdict.headline())}[/{colour}]", highlight=False)
+    if code:
+        raise typer.Exit(code)
+
+
+def _write_reports(verdict: Any, json_file: Path | None, junit: Path | None) -> None:
+    import json as _json
+
+    from toolchain.artifacts import atomic_write_bytes
+
+    if json_file is not None:
+        text = _json.dumps(verdict.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
+        atomic_write_bytes(json_file, text.encode("utf-8"))
+    if junit is not None:
+        atomic_write_bytes(junit, verdict.to_junit_xml().encode("utf-8"))
+
+
+def _recipe_parity(recipe: Path, profile: str | None, force: list[str] | None, rescue: bool) -> None:
+    """``parity RECIPE``: the recipe's pipeline up to its parity stage, its verdict, ``--rescue``."""
     from toolchain.pipeline import run_pipeline
     from toolchain.stages import parity_outcome, rescue_failing_graphs
 
@@ -308,40 +400,6 @@ def lint(
         console.print(escape(str(finding)), highlight=False)
     report.raise_if_failed()
     console.print(f"[green]ok[/green]: {escape(str(onnx_file))} passes the TensorRT {report.trt_version} lint")
-
-
-def _read_inputs(path: Path) -> dict:
-    """The named arrays of an ``.npz`` file (ToolchainError naming the file when it cannot be used)."""
-    import zipfile
-
-    import numpy as np
-
-    how = f"write it with numpy.savez('{path.name}', input_name=array, ...) using the graph's input names"
-    if not path.is_file():
-        raise ToolchainError(f"inputs file '{path}' does not exist; {how}.")
-    try:
-        with path.open("rb") as f:
-            magic = f.read(6)
-    except OSError as exc:
-        raise ToolchainError(f"cannot read inputs file '{path}' ({exc.strerror or exc}); {how}.") from None
-    if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06", b"\x93NUMPY")):  # zip (.npz) or .npy
-        text = magic and all(32 <= b < 127 or b in b"\t\r\n" for b in magic)
-        what = ("it is empty" if not magic else "it looks like a text file" if text
-                else "it does not start with a zip archive's 'PK' signature")
-        raise ToolchainError(f"inputs file '{path}' is not a NumPy .npz archive ({what}); {how}.")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise ToolchainError(f"inputs file '{path}' holds a single unnamed array (.npy), not named arrays; "
-                                 f"{how}.")
-        with loaded:
-            feed = {k: loaded[k] for k in loaded.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ToolchainError(f"cannot read inputs file '{path}' as .npz ({first}); {how}.") from None
-    if not feed:
-        raise ToolchainError(f"inputs file '{path}' holds no arrays; {how}.")
-    return feed
 
 
 def _describe_specs(specs) -> str:
@@ -395,7 +453,7 @@ def infer(
 
     from toolchain.artifacts import atomic_write_bytes
     from toolchain.engines import kinds_for_suffix, runner_for
-    from toolchain.engines.inputs import check_output_path, check_values
+    from toolchain.engines.inputs import check_output_path, check_values, read_npz
     from toolchain.errors import FeedError, GraphError
 
     suffix = graph.suffix.lower()
@@ -415,7 +473,7 @@ def infer(
     if out.resolve() in (graph.resolve(), inputs.resolve()):
         raise ToolchainError(f"--out '{out}' would overwrite an input; choose another output file.")
     check_output_path(out)  # before inference runs, not after
-    feed = _read_inputs(inputs)
+    feed = read_npz(inputs)
     only = kinds_for_suffix(suffix) == [kind]  # a suffix several kinds run (.onnx): the kind is named in messages
     runner = runner_for(kind, {"path": str(graph), "engine": str(graph)}, name=graph.name if only
                         else f"{graph.name} ({kind})")

@@ -73,3 +73,11 @@ def test_own_checkpoint_recipe_without_research_extras(tmp_path):
     report = (art / "report" / "report.md").read_text()
     assert "Deep-ensemble baseline: off" in report and "Compare variants: none" in report
     assert "| deep-ensemble |" not in report
+    # the CI gate on the run's files: the Hydra folder carries its tokenizer, so --data needs nothing else
+    from toolchain.verbs import ParityOptions, check_parity
+
+    assert (art / "fuse" / "hydra" / "tokenizer_config.json").is_file()
+    graphs = [art / "export" / "hydra-conv.onnx", art / "export" / "hydra-conv.fp16.onnx"]
+    verdict = check_parity(graphs, art / "fuse" / "hydra", ParityOptions(data=data, max_rows=64, max_length=64))
+    assert verdict.exit_code == 0, verdict.problems()
+    assert verdict.meta["data"]["id_samples"] == 64 and len(verdict.engines) == 2

@@ -34,7 +34,7 @@ import onnx
 from toolchain.errors import FeedError, ToolchainError
 
 __all__ = ["ValueLimits", "check_output_path", "check_values", "engine_value_limits", "graph_value_limits",
-           "onnx_value_limits"]
+           "onnx_value_limits", "read_npz"]
 
 #: Operators that pass their first input's values through (reshaped or re-typed) to their output.
 _PASS_THROUGH = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand"}
@@ -208,3 +208,35 @@ def check_output_path(out: Path, flag: str = "--out") -> None:
     except OSError as exc:
         raise ToolchainError(f"{flag} '{out}' cannot be written: no file can be created in '{folder}' "
                              f"({exc.strerror or exc}); choose a writable folder.") from None
+
+
+def read_npz(path: Path, flag: str = "inputs file") -> dict[str, np.ndarray]:
+    """The named arrays of an ``.npz`` file (ToolchainError naming the file when it cannot be used)."""
+    import zipfile
+
+    how = f"write it with numpy.savez('{path.name}', input_name=array, ...) using the graph's input names"
+    if not path.is_file():
+        raise ToolchainError(f"{flag} '{path}' does not exist; {how}.")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(6)
+    except OSError as exc:
+        raise ToolchainError(f"cannot read {flag} '{path}' ({exc.strerror or exc}); {how}.") from None
+    if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06", b"\x93NUMPY")):  # zip (.npz) or .npy
+        text = magic and all(32 <= b < 127 or b in b"\t\r\n" for b in magic)
+        what = ("it is empty" if not magic else "it looks like a text file" if text
+                else "it does not start with a zip archive's 'PK' signature")
+        raise ToolchainError(f"{flag} '{path}' is not a NumPy .npz archive ({what}); {how}.")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise ToolchainError(f"{flag} '{path}' holds a single unnamed array (.npy), not named arrays; "
+                                 f"{how}.")
+        with loaded:
+            feed = {k: loaded[k] for k in loaded.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ToolchainError(f"cannot read {flag} '{path}' as .npz ({first}); {how}.") from None
+    if not feed:
+        raise ToolchainError(f"{flag} '{path}' holds no arrays; {how}.")
+    return feed

@@ -56,6 +56,7 @@ __all__ = [
     "compute_dtypes",
     "convert_precision",
     "float32_to_bfloat16_bits",
+    "graph_precision",
     "write_precision_variant",
 ]
 
@@ -91,6 +92,22 @@ class PrecisionResult:
             "converted_constants": self.converted_constants,
             "clamped_values": self.clamped_values,
         }
+
+
+_LOW = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}
+
+
+def graph_precision(model: onnx.ModelProto) -> str:
+    """``"fp16"``/``"bf16"`` when the graph holds low-precision weights or casts, else ``"fp32"``."""
+    found = {_LOW[i.data_type] for i in model.graph.initializer if i.data_type in _LOW}
+    for node in model.graph.node:
+        if node.op_type == "Cast":
+            to = next((a.i for a in node.attribute if a.name == "to"), None)
+            if to in _LOW:
+                found.add(_LOW[to])
+    if len(found) > 1:
+        raise GraphError(f"the graph mixes fp16 and bf16 ({sorted(found)}); convert it with one target.")
+    return found.pop() if found else "fp32"
 
 
 def float32_to_bfloat16_bits(values: np.ndarray) -> np.ndarray:

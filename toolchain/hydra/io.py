@@ -67,8 +67,11 @@ def decode_adapter_kwargs(data: Any) -> Any:
 
 
 # ------------------------------------------------------------------------- save / load
-def save_hydra(model: HydraModel, folder: str | Path) -> Path:
-    """Write ``hydra_config.json`` + ``model.safetensors`` into ``folder`` atomically; return it."""
+def save_hydra(model: HydraModel, folder: str | Path, tokenizer: Any = None) -> Path:
+    """Write ``hydra_config.json`` + ``model.safetensors`` (+ the tokenizer's files) into ``folder`` atomically.
+
+    With the tokenizer the folder is self-contained for ``parity --data`` (texts are tokenised with it).
+    """
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -79,6 +82,8 @@ def save_hydra(model: HydraModel, folder: str | Path) -> Path:
         # one metadata key: safetensors writes several in a random order (the family is in the config)
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(text)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
     return folder
 
 

@@ -32,27 +32,12 @@ from toolchain.engines.tensorrt._deps import current_identity, import_tensorrt, 
 from toolchain.engines.tensorrt.sidecar import EngineSidecar, sidecar_path
 from toolchain.errors import EngineError, GraphError
 from toolchain.export.graph import load_checked
+from toolchain.export.precision import graph_precision
 
 log = logging.getLogger(__name__)
 
 Precision = Literal["fp32", "fp16", "bf16"]
 ProfileShapes = Mapping[str, tuple[Sequence[int], Sequence[int], Sequence[int]]]
-_LOW = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}
-
-
-def graph_precision(model: onnx.ModelProto) -> Precision:
-    """``"fp16"``/``"bf16"`` when the graph holds low-precision weights or casts, else ``"fp32"``."""
-    found = {_LOW[i.data_type] for i in model.graph.initializer if i.data_type in _LOW}
-    for node in model.graph.node:
-        if node.op_type == "Cast":
-            to = next((a.i for a in node.attribute if a.name == "to"), None)
-            if to in _LOW:
-                found.add(_LOW[to])
-    if len(found) > 1:
-        raise GraphError(f"the graph mixes fp16 and bf16 ({sorted(found)}); convert it with one target.")
-    return found.pop() if found else "fp32"  # type: ignore[return-value]
-
-
 def graph_inputs(model: onnx.ModelProto) -> dict[str, dict[str, Any]]:
     """Graph inputs (not initializers) as ``{name: {"dtype": numpy name, "shape": dims}}`` for the sidecar.
 
