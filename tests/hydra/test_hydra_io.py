@@ -100,6 +100,18 @@ class TestConfig:
         cfg = fuse(tiny_bert().adapter, unequal_masks).config
         assert HydraConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
+    def test_configs_written_before_the_decoder_fields_still_load(self, unequal_masks):
+        from toolchain.models.tiny import tiny_bert
+
+        cfg = fuse(tiny_bert().adapter, unequal_masks).config
+        data = cfg.to_dict()
+        for layer in data["layers"]:  # an encoder's config as saved before norm / mlp_gated / rope existed
+            assert (layer.pop("norm"), layer.pop("mlp_gated"), layer.pop("rope")) == ("layer", False, False)
+        assert HydraConfig.from_dict(data) == cfg
+        data["layers"][0].pop("head_dim")
+        with pytest.raises(ValueError, match=r"layers\[0\] must have the keys .*head_dim"):
+            HydraConfig.from_dict(data)
+
     def test_heads_must_match_members(self, unequal_masks):
         from toolchain.models.tiny import tiny_bert
 

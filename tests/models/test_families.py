@@ -1,7 +1,8 @@
 """What each family adds to the shared adapter contract (the shared invariants run for every family
 in test_adapters.py, tests/hydra and tests/scoring): DeiT's two averaged heads, ELECTRA's
-embedding projection, RoBERTa's padding-offset positions and classification heads found by
-the family's own state-dict key."""
+embedding projection, RoBERTa's padding-offset positions, classification heads found by the
+family's own state-dict key, and LLaMA's grouped K/V pruning, last-token pooling, per-member RoPE
+and averaged SwiGLU."""
 
 from __future__ import annotations
 
@@ -87,3 +88,92 @@ def test_checkpoint_head_of_other_labels_is_named_for_every_family(tmp_path, fam
         load_model(folder, num_labels=classes + 1, tokenizer=False, labels=[f"c{i}" for i in range(classes + 1)])
     assert f"{classes + 1} classes" in str(err.value)
     assert load_model(folder, num_labels=classes, tokenizer=False).adapter.family == family
+
+
+def test_llama_pruning_keeps_a_key_value_group_while_any_of_its_query_heads_is(tmp_path):
+    tiny = TINY_MODELS["llama"]()  # 4 query heads over 2 K/V heads: groups {0, 1} and {2, 3}
+    a = tiny.adapter
+    assert [lv.kv_repeat for lv in a.layers()] == [2, 2]
+    keep = torch.tensor([[True, False, False, True],   # one head of each group: both groups stay
+                         [False, True, True, True]])    # head 1 alone in group 0, group 1 whole
+    pruned = a.prune(keep)
+    batch = tiny.make_batch(3)
+    with torch.no_grad():
+        torch.testing.assert_close(adapter_for(pruned).logits(batch), a.gated_logits(batch, keep.float()),
+                                   atol=1e-5, rtol=1e-5)
+    att = pruned.model.layers[0].self_attn
+    # one K/V head per kept query head, copied from its group: query heads 0 and 3 read K/V heads 0 and 1
+    k_src = tiny.model.model.layers[0].self_attn.k_proj.weight.reshape(2, 8, -1)
+    assert att.k_proj.out_features == 2 * 8 and att.num_key_value_groups == 1
+    torch.testing.assert_close(att.k_proj.weight.reshape(2, 8, -1), k_src[[0, 1]])
+    assert pruned.model.layers[1].self_attn.k_proj.out_features == 3 * 8
+    full = a.prune(torch.ones(2, 4, dtype=torch.bool))  # a layer that keeps every head keeps its groups
+    assert full.model.layers[0].self_attn.k_proj.out_features == 2 * 8
+    assert full.model.layers[0].self_attn.num_key_value_groups == 2
+    loaded = load_model(save_model(pruned, tmp_path / "p"), tokenizer=False)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.adapter.logits(batch), adapter_for(pruned).logits(batch))
+
+
+def test_llama_classifies_from_the_last_real_token_with_left_or_right_padding():
+    tiny = TINY_MODELS["llama"]()
+    keep = torch.ones(2, 2, 4, dtype=torch.bool)
+    keep[0, :, :2] = False
+    keep[1, :, 2:] = False
+    fused = fuse(tiny.adapter, keep, lowering="conv")
+    rows = [torch.tensor([2, 17, 33, 41, 9]), torch.tensor([2, 56, 8])]
+    with torch.no_grad():
+        alone = [tiny.adapter.logits({"input_ids": r[None], "attention_mask": torch.ones(1, len(r), dtype=torch.long)})
+                 for r in rows]
+        alone_fused = [fused(input_ids=r[None], attention_mask=torch.ones(1, len(r), dtype=torch.long))
+                       for r in rows]
+        for side in ("right", "left"):
+            ids = torch.zeros(2, 5, dtype=torch.long)
+            mask = torch.zeros(2, 5, dtype=torch.long)
+            for i, r in enumerate(rows):
+                at = slice(0, len(r)) if side == "right" else slice(5 - len(r), 5)
+                ids[i, at], mask[i, at] = r, 1
+            batch = {"input_ids": ids, "attention_mask": mask}
+            got = tiny.adapter.logits(batch)
+            out = fused(**batch)
+            if side == "right":  # left padding shifts the positions (HF's forward counts from 0): right only
+                for i in range(2):
+                    torch.testing.assert_close(got[i], alone[i][0], atol=1e-5, rtol=1e-5)
+                    torch.testing.assert_close(out["probs"][i], alone_fused[i]["probs"][0], atol=1e-5, rtol=1e-5)
+            member = torch.stack([tiny.adapter.gated_logits(batch, k.float()) for k in keep], dim=1)
+            torch.testing.assert_close(out["member_logits"], member, atol=1e-5, rtol=1e-5)
+
+
+def test_llama_hydra_rotates_every_member_and_averages_swiglu_matrices_each():
+    tiny = TINY_MODELS["llama"]()
+    keep = torch.ones(2, 2, 4, dtype=torch.bool)
+    keep[0, :, :2] = False
+    keep[1, :, 2:] = False
+    members = [tiny.adapter.prune(k) for k in keep]
+    with torch.no_grad():  # members with their own MLPs (as after recovery fine-tuning)
+        for i, m in enumerate(members):
+            for layer in m.model.layers:
+                layer.mlp.up_proj.weight.mul_(1.0 + 0.3 * i)
+    fused = fuse_members(members, mlp="average")
+    mlp = fused.blocks[0].mlp
+    gate = torch.stack([m.model.layers[0].mlp.gate_proj.weight for m in members]).mean(0)
+    up = torch.stack([m.model.layers[0].mlp.up_proj.weight for m in members]).mean(0)
+    assert mlp.gated and mlp.fc1.weight.shape == (2 * 48, 32)
+    torch.testing.assert_close(mlp.fc1.weight, torch.cat([gate, up]))  # gate and up averaged each, then joined
+    assert fused.config.layers[0].rope and fused.config.layers[0].norm == "rms"
+    batch = tiny.make_batch(3)
+    exact = fuse_members(members, mlp="grouped")
+    with torch.no_grad():
+        want = torch.stack([adapter_for(m).logits(batch) for m in members], dim=1)
+        torch.testing.assert_close(exact(**batch)["member_logits"], want, atol=1e-5, rtol=1e-5)
+        # without the rotation the members would read another model: RoPE is not optional in the fused blocks
+        stage = exact.embeddings
+        original = stage.forward
+
+        def no_rope(*args, **kwargs):
+            hidden, bias, extras = original(*args, **kwargs)
+            cos, sin = extras["rope"]
+            return hidden, bias, {**extras, "rope": (torch.ones_like(cos), torch.zeros_like(sin))}
+
+        stage.forward = no_rope
+        assert (exact(**batch)["member_logits"] - want).abs().max() > 1e-3

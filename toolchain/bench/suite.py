@@ -286,7 +286,7 @@ def _auto_cost_model(hydra_dir: Path, inputs: Sequence[Mapping[str, Any]], seque
     feed = {k: torch.from_numpy(v) for k, v in make_feed(inputs, 1, sequence, vocab=vocab).items()
             if k in model.config.input_names}
     with torch.no_grad():
-        hidden, _ = model.embeddings(**feed)
+        hidden = model.embeddings(**feed)[0]
     return cost_model_from_hydra(model, feed), int(hidden.shape[1])
 
 

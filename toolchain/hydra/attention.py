@@ -38,6 +38,18 @@ from toolchain.hydra.gfc import (
 )
 
 
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int) -> torch.Tensor:
+    """Rotary position embedding of heads ``x`` along their ``head_dim`` axis ``dim`` (Hugging Face's ``rotate_half``).
+
+    ``x * cos + rotate_half(x) * sin`` with ``rotate_half([x1, x2]) = [-x2, x1]`` (halves of the
+    head); ``cos``/``sin`` broadcast to ``x``. Linear in ``x``, so the score scaling folded into Q
+    commutes with it, and a zero (padding) head stays zero.
+    """
+    half = x.shape[dim] // 2
+    x1, x2 = torch.split(x, [half, half], dim=dim)
+    return x * cos + torch.cat([-x2, x1], dim=dim) * sin
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor | None) -> torch.Tensor:
     """Scaled dot-product attention of independent heads, channels-first.
 
@@ -114,13 +126,16 @@ class HydraAttention(nn.Module):
         self.v = GroupedLinear(members, hidden, inner, lowering=lowering)
         self.o = GroupedLinear(members, inner, hidden, lowering=lowering)
 
-    def forward(self, x: torch.Tensor, key_bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_bias: torch.Tensor | None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Attention output (before the residual), in the stream layout of the lowering.
 
         ``x``: ``[B, M * D, T]`` (``conv``) or ``[B, M, T, D]`` (``matmul``, see
         :data:`~toolchain.hydra.gfc.LAYOUTS`); the output has the same shape. ``key_bias``:
         ``[B, 1, 1, 1, T]`` (what :class:`~toolchain.hydra.model.HydraModel` passes: unsqueezed
-        once for all layers), ``[B, 1, 1, T]`` or ``None``.
+        once for all layers), ``[B, 1, 1, T]``, a causal ``[B, 1, 1, T, T]`` or ``None``.
+        ``rope``: ``(cos, sin)`` shaped ``[., 1, 1, d, T]`` (``conv``) or ``[., 1, T, 1, d]``
+        (``matmul``): every member's Q and K heads are rotated, after the score scaling.
         """
         m, hp, d = self.members, self.heads, self.head_dim
         weight = torch.cat([self.q.weight, self.k.weight, self.v.weight], dim=1)  # [M, 3 * Hp * d, D]
@@ -131,10 +146,14 @@ class HydraAttention(nn.Module):
             qkv = grouped_linear(x, weight, bias, "conv", sizes=(m, 3 * hp * d, self.q.in_features))
             qkv = reshape(qkv, (0, m, 3 * hp, d, -1))  # [B, M, 3 * Hp, d, T]: heads of each member
             q, k, v = torch.split(qkv, [hp] * 3, dim=2)  # [B, M, Hp, d, T] each
+            if rope is not None:
+                q, k = apply_rope(q, *rope, dim=3), apply_rope(k, *rope, dim=3)
             return self.o(attend(q, k, v, key_bias))  # the O GFC reads the [B, M, Hp, d, T] context as it is
         qkv = grouped_linear_tokens(x, weight, bias)  # [B, M, T, 3 * Hp * d]
         qkv = reshape(qkv, (0, m, -1, 3 * hp, d))  # [B, M, T, 3 * Hp, d]
-        q, k, v = torch.split(qkv, [hp] * 3, dim=3)
+        q, k, v = torch.split(qkv, [hp] * 3, dim=3)  # [B, M, T, Hp, d] each
+        if rope is not None:
+            q, k = apply_rope(q, *rope, dim=4), apply_rope(k, *rope, dim=4)
         # token-major heads, as the source model lays them out: 4 Transposes per layer
         scores = torch.matmul(q.permute(0, 1, 3, 2, 4), k.permute(0, 1, 3, 4, 2))  # [B, M, Hp, Tq, Tk]
         if key_bias is not None:

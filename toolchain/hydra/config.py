@@ -9,6 +9,7 @@ it enters (:meth:`HydraConfig.from_dict`), with errors naming the field and the 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -50,6 +51,9 @@ class LayerSpec:
     scaling: float  #: score scaling of the source (folded into the Q weights and bias)
     ln_attn_eps: float
     ln_mlp_eps: float
+    norm: str = "layer"  #: ``layer`` (LayerNorm) | ``rms`` (RMSNorm: no mean, no bias)
+    mlp_gated: bool = False  #: ``fc2(act(gate(x)) * up(x))`` (SwiGLU); fc1 holds gate and up
+    rope: bool = False  #: Q and K rotated by the input stage's RoPE angles
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "heads", tuple(self.heads))
@@ -60,6 +64,7 @@ class LayerSpec:
         _positive_int("LayerSpec.head_dim", self.head_dim)
         _positive_int("LayerSpec.intermediate_size", self.intermediate_size)
         _choice("LayerSpec.norm_style", self.norm_style, ("post", "pre"))
+        _choice("LayerSpec.norm", self.norm, ("layer", "rms"))
 
     @property
     def padded_heads(self) -> int:
@@ -158,12 +163,15 @@ class HydraConfig:
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown Hydra config keys: {unknown}")
-        layer_names = set(LayerSpec.__dataclass_fields__)
+        layer_fields = LayerSpec.__dataclass_fields__
+        layer_names = set(layer_fields)
+        required = {n for n, f in layer_fields.items() if f.default is dataclasses.MISSING}
         layers = []
         for idx, raw in enumerate(data.get("layers") or []):
-            if not isinstance(raw, dict) or set(raw) != layer_names:
+            if not isinstance(raw, dict) or not required <= set(raw) <= layer_names:
                 got = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
-                raise ValueError(f"layers[{idx}] must have the keys {sorted(layer_names)}; got {got}")
+                raise ValueError(f"layers[{idx}] must have the keys {sorted(required)} (optional: "
+                                 f"{sorted(layer_names - required)}); got {got}")
             layers.append(LayerSpec(**raw))
         try:
             return cls(**{**data, "layers": tuple(layers)})

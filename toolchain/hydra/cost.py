@@ -5,8 +5,8 @@ What is counted (FLOPs = 2 x multiply-adds of every MatMul / Linear / Conv):
 * **projections**: Q, K, V and O of every (kept or zero-padding) head:
   ``4 x 2 x T x D x (h x d)`` per sample and stream;
 * **attention**: scores ``Q^T K`` and context ``V P^T``: ``2 x 2 x T^2 x d x h``;
-* **mlp**: fc1 and fc2: ``2 x 2 x T x D x I`` per stream (the averaged MLP of a Hydra model
-  still runs on all M streams);
+* **mlp**: fc1 and fc2: ``2 x 2 x T x D x I`` per stream, ``2 x 3 x T x D x I`` gated (the
+  averaged MLP of a Hydra model still runs on all M streams);
 * **embeddings** and **head**: per-sample numbers given in :class:`EncoderSpec` (0 by default;
   :func:`stage_flops` measures a stage's Linear/Conv FLOPs with hooks). The embeddings run once
   in a Hydra model, the head stage once per member.
@@ -14,8 +14,10 @@ What is counted (FLOPs = 2 x multiply-adds of every MatMul / Linear / Conv):
 Not counted: biases, LayerNorm, softmax, activations, residual adds, masking (all linear in
 ``T x D``, a few percent at most). Parameters count every stored floating-point tensor (weights,
 biases, LayerNorm affine, zero-padding heads, stage buffers such as CLIP's prompt embeddings);
-weight bytes are parameters x ``dtype_bytes``. The projections are assumed to have biases (true
-for BERT, ViT and CLIP).
+weight bytes are parameters x ``dtype_bytes``. A source's projections and MLP have biases unless
+its config says ``attention_bias: false`` (LLaMA), its norms unless they are RMSNorms; the fused
+model stores every bias. A gated MLP (SwiGLU) counts three matrices; grouped-query K/V heads are
+counted as the source and its pruned members store them (see :class:`EncoderSpec`).
 
 Conventions: ``heads_per_member`` is ``[M][L]`` real heads kept; the Hydra model pads every
 member of layer ``l`` to ``max_m heads[m][l]`` (zero heads cost like real ones).
@@ -43,6 +45,13 @@ class EncoderSpec:
         heads: heads per layer of the single (unpruned) model, one entry per layer.
         embedding_params, head_params: stored floats of the input stage and of one output stage.
         embedding_flops, head_flops: per-sample FLOPs of the input stage and of one output stage.
+        mlp_matrices: 2 (fc1, fc2), 3 for a gated MLP (SwiGLU: gate, up, down).
+        kv_heads: K/V heads per layer of the source with grouped-query attention (None: one per
+            query head). A pruned layer stores one K/V head per kept query head
+            (:func:`toolchain.models.base._prune_layer`), a layer that keeps every head its groups;
+            the fused model computes K and V per query head.
+        source_biases, source_norm_bias: whether the source's projections / MLP and its norms
+            have biases (LLaMA: neither). The fused model stores every bias (zeros where the source has none).
     """
 
     hidden: int
@@ -53,6 +62,10 @@ class EncoderSpec:
     head_params: int = 0
     embedding_flops: int = 0
     head_flops: int = 0
+    mlp_matrices: int = 2
+    kv_heads: tuple[int, ...] | None = None
+    source_biases: bool = True
+    source_norm_bias: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "heads", tuple(int(h) for h in self.heads))
@@ -89,30 +102,33 @@ class Cost:
                 "breakdown": dict(self.breakdown)}
 
 
-def layer_flops(spec: EncoderSpec, heads: int, seq: int) -> dict[str, int]:
-    """FLOPs of one layer for one sample and one stream with ``heads`` heads."""
+def layer_flops(spec: EncoderSpec, heads: int, seq: int, kv: int | None = None) -> dict[str, int]:
+    """FLOPs of one layer for one sample and one stream with ``heads`` heads (``kv`` K/V heads; default ``heads``)."""
     inner = heads * spec.head_dim
+    kv_inner = (heads if kv is None else kv) * spec.head_dim
     return {
-        "projections": 4 * 2 * seq * spec.hidden * inner,
+        "projections": 2 * seq * spec.hidden * (2 * inner + 2 * kv_inner),
         "attention": 2 * 2 * seq * seq * inner,
-        "mlp": 2 * 2 * seq * spec.hidden * spec.intermediate,
+        "mlp": 2 * spec.mlp_matrices * seq * spec.hidden * spec.intermediate,
     }
 
 
-def attention_params(spec: EncoderSpec, heads: int) -> int:
-    """Q/K/V/O weights and biases of one layer with ``heads`` heads (one member)."""
+def attention_params(spec: EncoderSpec, heads: int, kv: int | None = None, biases: bool = True) -> int:
+    """Q/K/V/O weights (and biases) of one layer with ``heads`` heads and ``kv`` K/V heads (one member)."""
     inner = heads * spec.head_dim
-    return 4 * inner * spec.hidden + 3 * inner + spec.hidden
+    kv_inner = (heads if kv is None else kv) * spec.head_dim
+    return (2 * inner + 2 * kv_inner) * spec.hidden + ((inner + 2 * kv_inner + spec.hidden) if biases else 0)
 
 
-def mlp_params(spec: EncoderSpec) -> int:
-    """fc1 + fc2 weights and biases of one layer."""
-    return 2 * spec.hidden * spec.intermediate + spec.intermediate + spec.hidden
+def mlp_params(spec: EncoderSpec, biases: bool = True) -> int:
+    """fc1 + fc2 (gated: gate + up + down) weights and biases of one layer."""
+    bias = (spec.mlp_matrices - 1) * spec.intermediate + spec.hidden
+    return spec.mlp_matrices * spec.hidden * spec.intermediate + (bias if biases else 0)
 
 
-def layernorm_params(spec: EncoderSpec) -> int:
-    """The two LayerNorms of one layer (weight and bias each)."""
-    return 2 * 2 * spec.hidden
+def layernorm_params(spec: EncoderSpec, bias: bool = True) -> int:
+    """The two LayerNorms (RMSNorms: ``bias=False``) of one layer."""
+    return 2 * (2 if bias else 1) * spec.hidden
 
 
 def _check_members(spec: EncoderSpec, heads_per_member: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -131,10 +147,14 @@ def _model_cost(spec: EncoderSpec, heads: Sequence[int], batch: int, seq: int, d
     """One plain (possibly pruned) model with ``heads[l]`` heads in layer ``l``."""
     parts = {"projections": 0, "attention": 0, "mlp": 0}
     params = spec.embedding_params + spec.head_params
-    for h in heads:
-        for k, v in layer_flops(spec, h, seq).items():
+    for layer, h in enumerate(heads):
+        kv = None
+        if spec.kv_heads is not None:  # grouped K/V in a layer that keeps every head; one per head once pruned
+            kv = spec.kv_heads[layer] if h == spec.heads[layer] else h
+        for k, v in layer_flops(spec, h, seq, kv).items():
             parts[k] += batch * v
-        params += attention_params(spec, h) + mlp_params(spec) + layernorm_params(spec)
+        params += (attention_params(spec, h, kv, spec.source_biases) + mlp_params(spec, spec.source_biases)
+                   + layernorm_params(spec, spec.source_norm_bias))
     parts["embeddings"] = batch * spec.embedding_flops
     parts["head"] = batch * spec.head_flops
     return Cost(sum(parts.values()), params, dtype_bytes, parts)
@@ -256,6 +276,12 @@ def stage_flops(module: nn.Module, *args: object, **kwargs: object) -> int:
     return total
 
 
+def _kv_heads(hf_config: dict, layers: int) -> tuple[int, ...] | None:
+    """K/V heads per layer from a Hugging Face config with grouped-query attention (``num_key_value_heads``)."""
+    kv, heads = hf_config.get("num_key_value_heads"), hf_config.get("num_attention_heads")
+    return (int(kv),) * layers if kv and heads and int(kv) != int(heads) else None
+
+
 def spec_from_hydra(model: HydraModel, example_inputs: dict[str, torch.Tensor] | None = None) -> EncoderSpec:
     """The source encoder's sizes from a fused model (``original_heads`` per layer).
 
@@ -271,13 +297,17 @@ def spec_from_hydra(model: HydraModel, example_inputs: dict[str, torch.Tensor] |
         heads=(cfg.original_heads,) * cfg.num_layers,
         embedding_params=stage_size(model.embeddings),
         head_params=stage_size(model.heads[0]),
+        mlp_matrices=3 if first.mlp_gated else 2,
+        kv_heads=_kv_heads(cfg.hf_config, cfg.num_layers),
+        source_biases=bool(cfg.hf_config.get("attention_bias", True)),
+        source_norm_bias=first.norm != "rms",
     )
     if example_inputs is None:
         return spec
     feed = {k: v for k, v in example_inputs.items() if k in cfg.input_names and v is not None}
     batch = next(iter(feed.values())).shape[0]
     with torch.no_grad():
-        hidden, _ = model.embeddings(**feed)
+        hidden = model.embeddings(**feed)[0]
     return replace(
         spec,
         embedding_flops=stage_flops(model.embeddings, **feed) // batch,

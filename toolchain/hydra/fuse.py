@@ -195,8 +195,16 @@ def _layer_weights(lv: LayerView) -> MemberLayer:
     out["ln_attn_w"], out["ln_attn_b"] = _norm(lv.ln_attn, hidden)
     out["ln_mlp_w"], out["ln_mlp_b"] = _norm(lv.ln_mlp, hidden)
     out["fc1_w"], out["fc1_b"] = _linear(lv.fc1)
+    if lv.fc_up is not None:  # gated MLP: fc1 holds [gate; up], split again after it (HydraMLP)
+        up_w, up_b = _linear(lv.fc_up)
+        out["fc1_w"], out["fc1_b"] = torch.cat([out["fc1_w"], up_w]), torch.cat([out["fc1_b"], up_b])
     out["fc2_w"], out["fc2_b"] = _linear(lv.fc2)
     return out
+
+
+def _eps(norm: nn.Module) -> float:
+    """A LayerNorm's ``eps`` or an RMSNorm's ``variance_epsilon`` (Hugging Face's LLaMA name)."""
+    return float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-5)))
 
 
 def _select_heads(weights: MemberLayer, kept: torch.Tensor) -> MemberLayer:
@@ -215,8 +223,11 @@ def _layer_spec(views: list[LayerView], heads: list[int], idx: int) -> LayerSpec
         "act_name": lambda lv: lv.act_name,
         "norm_style": lambda lv: lv.norm_style,
         "scaling": lambda lv: float(lv.scaling),
-        "ln_attn_eps": lambda lv: float(getattr(lv.ln_attn, "eps", 1e-5)),
-        "ln_mlp_eps": lambda lv: float(getattr(lv.ln_mlp, "eps", 1e-5)),
+        "ln_attn_eps": lambda lv: _eps(lv.ln_attn),
+        "ln_mlp_eps": lambda lv: _eps(lv.ln_mlp),
+        "norm": lambda lv: lv.norm,
+        "mlp_gated": lambda lv: lv.fc_up is not None,
+        "rope": lambda lv: bool(lv.rope),
     }
     values = {name: get(ref) for name, get in facts.items()}
     act_name = values["act_name"]

@@ -9,6 +9,12 @@ inputs -> embeddings stage (once)         hidden [B, T, D], key bias [B, 1, 1, T
        -> member_logits [B, M, C];  probs = mean_m softmax(member_logits) [B, C]
 ```
 
+An input stage may return a third item, a dict of extras for decoders: ``"rope"`` ``(cos, sin)``
+``[., T, d]`` (every block rotates its members' Q and K; converted to the lowering's head layout
+once) and ``"pool"`` ``[B]``, the token the head stage reads (gathered from every member's stream
+before the head: the last real token of a LLaMA classifier). Its key bias may be causal
+``[B, 1, T, T]``.
+
 The lowering picks the layout (:data:`~toolchain.hydra.gfc.LAYOUTS`): the grouped Conv works on
 channels-first streams; the batched MatMul runs token-major, where its bias is added along the
 last axis and each LayerNorm is one ``LayerNormalization`` with no transposes around it.
@@ -72,15 +78,22 @@ class HydraModel(nn.Module):
             ``probs [B, C]`` (mean of the members' softmax) and ``member_logits [B, M, C]``.
         """
         feed = self._bind(args, inputs)
-        hidden, key_bias = self.embeddings(**feed)
+        hidden, key_bias, *rest = self.embeddings(**feed)
+        extras = rest[0] if rest else {}
         if key_bias is not None:
             key_bias = key_bias.unsqueeze(1)  # [B, 1, 1, 1, T]: broadcasts over [B, M, Hp, T, T] scores
+        conv = self.lowering == "conv"
+        rope = extras.get("rope")
+        if rope is not None:  # [., T, d] -> [., 1, 1, d, T] (conv heads) or [., 1, T, 1, d] (matmul heads)
+            rope = tuple(t.transpose(1, 2)[:, None, None] if conv else t[:, None, :, None] for t in rope)
         # channels-first [B, M * D, T] (conv) or token-major [B, M, T, D] (matmul): LAYOUTS
-        x = hidden.transpose(1, 2) if self.lowering == "conv" else hidden.unsqueeze(1)
+        x = hidden.transpose(1, 2) if conv else hidden.unsqueeze(1)
         if self.members > 1:
             x = torch.cat([x] * self.members, dim=1)  # every member sees the same input; one Concat
         for block in self.blocks:
-            x = block(x, key_bias)
+            x = block(x, key_bias, rope)
+        if extras.get("pool") is not None:
+            x = self._gather_token(x, extras["pool"])
         logits = self._member_logits(x)
         probs = torch.softmax(logits, dim=-1).mean(dim=1)
         return {"probs": probs, "member_logits": logits}
@@ -97,6 +110,14 @@ class HydraModel(nn.Module):
                 raise TypeError(f"input {name!r} given both positionally and by name")
             feed[name] = value
         return {k: v for k, v in feed.items() if v is not None}
+
+    def _gather_token(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The stream at token ``index[b]`` of each row: ``[B, M * D, 1]`` (conv) or ``[B, M, 1, D]`` (matmul)."""
+        if self.lowering == "conv":
+            at = index.reshape(-1, 1, 1).expand(-1, x.shape[1], 1)
+            return torch.gather(x, 2, at)
+        at = index.reshape(-1, 1, 1, 1).expand(-1, x.shape[1], 1, x.shape[3])
+        return torch.gather(x, 2, at)
 
     def _member_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The stream -> ``[B, M, C]`` through the head stage(s)."""

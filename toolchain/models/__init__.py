@@ -4,7 +4,7 @@ Registering a family is its import line below (the module's ``@register_adapter`
 :mod:`toolchain.models.registry` is where the rest of the toolchain looks families up.
 """
 
-from toolchain.models import bert, clip, deit, distilbert, electra, roberta, vit  # noqa: F401  (registers the adapters)
+from toolchain.models import bert, clip, deit, distilbert, electra, llama, roberta, vit  # noqa: F401  (registers the adapters)
 from toolchain.models.base import (
     HEADS_ATTR,
     InputSpec,

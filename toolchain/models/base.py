@@ -54,6 +54,11 @@ class LayerView:
 
     ``post`` (BERT): ``x = ln_attn(x + O(attn(x)))``; ``x = ln_mlp(x + fc2(act(fc1(x))))``.
     ``pre`` (ViT, CLIP): ``x = x + O(attn(ln_attn(x)))``; ``x = x + fc2(act(fc1(ln_mlp(x))))``.
+
+    Decoder facts (LLaMA): ``fc_up`` makes the MLP gated, ``fc2(act(fc1(x)) * fc_up(x))`` (SwiGLU);
+    ``norm="rms"`` marks RMSNorms (no mean, no bias); ``rope`` says Q and K are rotated by
+    position (the input stage computes the angles). K and V may have fewer heads than Q
+    (grouped-query attention): query head ``h`` reads key/value head ``h // (H / H_kv)``.
     """
 
     attention: nn.Module  #: the block that contains q, k, v and o
@@ -74,11 +79,19 @@ class LayerView:
     #: attribute names on ``attention`` that hold the head count / projected size
     heads_attr: str = "num_attention_heads"
     size_attr: str | None = None
+    fc_up: nn.Linear | None = None
+    norm: Literal["layer", "rms"] = "layer"
+    rope: bool = False
 
     @property
     def num_heads(self) -> int:
         """Number of heads the layer has now (after any pruning)."""
         return self.q.out_features // self.head_dim
+
+    @property
+    def kv_repeat(self) -> int:
+        """Query heads per key/value head (1 without grouped-query attention)."""
+        return self.q.out_features // self.k.out_features
 
     def head_weights(self) -> dict[str, torch.Tensor]:
         """Per-head weight slices for fusion (detached views, float32).
@@ -87,12 +100,14 @@ class LayerView:
         (zeros where the projection has no bias); ``o_w``: ``[H, hidden, head_dim]`` (the
         output-projection columns of each head); ``o_b``: ``[hidden]``.
         """
-        h, d = self.num_heads, self.head_dim
+        h, d, rep = self.num_heads, self.head_dim, self.kv_repeat
         out: dict[str, torch.Tensor] = {}
         for name, lin in (("q", self.q), ("k", self.k), ("v", self.v)):
-            out[f"{name}_w"] = lin.weight.detach().reshape(h, d, -1)
-            bias = lin.bias.detach() if lin.bias is not None else torch.zeros(h * d)
-            out[f"{name}_b"] = bias.reshape(h, d)
+            n = h if name == "q" else h // rep  # grouped K/V: each query head gets its group's slice
+            weight = lin.weight.detach().reshape(n, d, -1)
+            bias = (lin.bias.detach() if lin.bias is not None else torch.zeros(n * d)).reshape(n, d)
+            out[f"{name}_w"] = weight.repeat_interleave(rep, dim=0) if name != "q" else weight
+            out[f"{name}_b"] = bias.repeat_interleave(rep, dim=0) if name != "q" else bias
         out["o_w"] = self.o.weight.detach().reshape(-1, h, d).permute(1, 0, 2)
         out["o_b"] = self.o.bias.detach() if self.o.bias is not None else torch.zeros(self.o.out_features)
         return out
@@ -443,13 +458,25 @@ def _capture_hook(store: list[torch.Tensor]):
 
 
 def _prune_layer(lv: LayerView, kept: torch.Tensor) -> None:
-    """Keep the heads ``kept`` (sorted indices) of one layer, in place."""
-    d = lv.head_dim
+    """Keep the heads ``kept`` (sorted indices) of one layer, in place (every head kept: unchanged).
+
+    Grouped-query attention: a key/value head stays while any of its query heads does, and the
+    pruned layer gets one K/V head per kept query head (a copy of its group's), so the layer is
+    plain multi-head attention (``num_key_value_groups = 1``): Hugging Face maps query head ``h``
+    to K/V head ``h // groups``, which holds only for equal group sizes, and heads pruned unevenly
+    within groups break that. The K/V weights grow from ``H_kv`` to the kept count.
+    """
+    if int(kept.numel()) == lv.num_heads:
+        return
+    d, rep = lv.head_dim, lv.kv_repeat
     index = (kept[:, None] * d + torch.arange(d)[None, :]).flatten()
+    kv_index = ((kept // rep)[:, None] * d + torch.arange(d)[None, :]).flatten()
     holder, _ = _owner_of(lv.attention, lv.q)
-    for lin, dim in ((lv.q, 0), (lv.k, 0), (lv.v, 0), (lv.o, 1)):
+    for lin, dim, rows in ((lv.q, 0, index), (lv.k, 0, kv_index), (lv.v, 0, kv_index), (lv.o, 1, index)):
         owner, name = _owner_of(lv.attention, lin)
-        setattr(owner, name, prune_linear_layer(lin, index, dim=dim))
+        setattr(owner, name, prune_linear_layer(lin, rows, dim=dim))
+    if rep > 1 and hasattr(holder, "num_key_value_groups"):
+        holder.num_key_value_groups = 1
     n = int(kept.numel())
     if hasattr(holder, lv.heads_attr):
         setattr(holder, lv.heads_attr, n)

@@ -183,7 +183,26 @@ def tiny_deit(seed: int = 0, num_labels: int = 10, layers: int = 2, heads: int =
     return TinyModel(model, adapter_for(model), _image_batch(1, 16))
 
 
+def tiny_llama(seed: int = 0, num_labels: int = 3, layers: int = 2, heads: int = 4) -> TinyModel:
+    """LlamaForSequenceClassification, hidden 32, ``heads`` query heads over ``heads // 2`` K/V heads (GQA), SwiGLU."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+                                   num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), head_dim=8,
+                                   max_position_embeddings=64, rms_norm_eps=1e-6, num_labels=num_labels,
+                                   pad_token_id=0, attention_dropout=0.0)
+    model = transformers.LlamaForSequenceClassification(cfg).eval()
+    with torch.no_grad():  # HF initialises RMSNorm weights to 1: members' averaged norms would hide a mix-up
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(1.0, 0.1)
+    _scale_classifier(model.score, 40.0)
+    adapter = adapter_for(model)
+    return TinyModel(model, adapter, _text_batch(100, 12, adapter.input_names, 0))
+
+
 TINY_MODELS: dict[str, Callable[..., TinyModel]] = {
     "bert": tiny_bert, "vit": tiny_vit, "clip": tiny_clip, "roberta": tiny_roberta, "xlm-roberta": tiny_xlm_roberta,
-    "electra": tiny_electra, "distilbert": tiny_distilbert, "deit": tiny_deit,
+    "electra": tiny_electra, "distilbert": tiny_distilbert, "deit": tiny_deit, "llama": tiny_llama,
 }
