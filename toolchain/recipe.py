@@ -120,6 +120,35 @@ class BaselinesSection(_Strict):
         "and bench it; false: the single model is the only baseline")
 
 
+class ShiftSection(_Strict):
+    """Covariate shift: the ID test split under seeded corruptions (toolchain/data/shift.py), scored by evaluate."""
+
+    corruptions: list[str] | None = Field(
+        None, description="corruption kinds (text: typos, word_dropout, word_swap, case_punct; images: "
+        "gaussian_noise, blur, contrast, pixelate, rotate); null: every kind of the data's modality; []: off")
+    severities: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5], description="severities, 1-5")
+    rows: int | None = Field(300, ge=8, description="test rows corrupted (a seeded sample); null: the whole split")
+
+    @field_validator("severities")
+    @classmethod
+    def _severities(cls, value: list[int]) -> list[int]:
+        bad = [v for v in value if v not in (1, 2, 3, 4, 5)]
+        if bad or len(set(value)) != len(value):
+            raise ValueError(f"severities must be distinct values in 1..5; got {value}")
+        return sorted(value)
+
+    @field_validator("corruptions")
+    @classmethod
+    def _kinds(cls, value: list[str] | None) -> list[str] | None:
+        from toolchain.data.shift import IMAGE_CORRUPTIONS, TEXT_CORRUPTIONS
+
+        known = [*TEXT_CORRUPTIONS, *IMAGE_CORRUPTIONS]
+        bad = [v for v in value or [] if v not in known]
+        if bad:
+            raise ValueError(f"unknown corruption(s) {bad}; known: {', '.join(known)}")
+        return value
+
+
 CRITERION = Literal["his", "taylor", "entropy", "hies", "l2", "random", "circuit"]
 
 
@@ -263,6 +292,7 @@ class Recipe(_Strict):
                                description="engine kinds (toolchain.engines.registry), e.g. torch, onnxrt-cpu")
     bench: BenchSection = BenchSection()
     parity: ParitySection = ParitySection()
+    shift: ShiftSection = ShiftSection()
     artifacts_dir: str = "artifacts"
     #: more Hydra variants to evaluate side by side in the report (e.g. other criteria or strategies)
     compare: list[CompareEntry] = Field(default_factory=list)

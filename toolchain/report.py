@@ -114,6 +114,35 @@ def bench_latency(latency: dict | None, lowering: str = "conv") -> tuple[dict[st
     return out, f"ms (ORT CPU, batch {case.get('batch')})"
 
 
+def _diff_cell(d: dict[str, Any] | None) -> str:
+    if not d:
+        return "-"
+    lo, hi = d["ci"]
+    return f"{d['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]{'*' if d['excludes_zero'] else ''}"
+
+
+def shift_tables(shift: dict[str, Any]) -> str:
+    """Markdown: metrics per severity (mean over corruptions) and Hydra minus each baseline with intervals."""
+    levels = ["0", *map(str, shift["severities"])]
+    variants = list(shift["mean"]["0"])
+    head = "| severity | " + " | ".join(f"{v} acc / NLL / ECE" for v in variants) + " | " + \
+        " | ".join(f"{v} NLL gap" for v in variants) + " |"
+    rows = [head, "|---|" + "---:|" * (2 * len(variants))]
+    for lv in levels:
+        cells = [f"{m['accuracy']:.4f} / {m['nll']:.4f} / {m['ece']:.4f}" for m in
+                 (shift["mean"][lv][v] for v in variants)]
+        gaps = ["-" if lv == "0" else f"{shift['gap'][v][lv]:+.4f}" for v in variants]
+        rows.append(f"| {'clean' if lv == '0' else lv} | " + " | ".join(cells + gaps) + " |")
+    pairs = sorted({p for d in shift["differences"].values() for p in d})
+    keys = (("nll", "NLL"), ("accuracy", "accuracy"))
+    diff = ["| severity | " + " | ".join(f"{p.replace('-minus-', ' - ')} {label}" for p in pairs for _k, label in keys)
+            + " |", "|---|" + "---:|" * (2 * len(pairs))]
+    for lv in levels[1:]:
+        d = shift["differences"].get(lv, {})
+        diff.append(f"| {lv} | " + " | ".join(_diff_cell(d.get(p, {}).get(k)) for p in pairs for k, _l in keys) + " |")
+    return "\n".join(rows) + "\n\n" + "\n".join(diff)
+
+
 def build_report(root: Path, out_dir: Path, title: str) -> dict[str, Path]:
     """Write ``report.md`` and ``report.html`` into ``out_dir`` from the stage folders under ``root``."""
     metrics = dict(_read(root / "evaluate" / "metrics.json") or {})
@@ -156,6 +185,14 @@ def build_report(root: Path, out_dir: Path, title: str) -> dict[str, Path]:
                   "Gain = ensemble minus its mean member, signed so that positive is better; 95% paired-bootstrap "
                   "interval in brackets, `*` where it excludes 0. MI has no single-member value: its gain is the "
                   "ensemble's MI AUROC minus the members' mean MSP AUROC.", "", table, ""]
+    shift = _read(root / "evaluate" / "shift.json") or {}
+    if shift:
+        parts += ["## Under input corruption (test split)", "",
+                  f"{shift['rows']} test rows, each corrupted by {', '.join(shift['kinds'])} at severities "
+                  f"{', '.join(map(str, shift['severities']))} (seeded, label-preserving; `toolchain/data/shift.py`); "
+                  "metrics are the mean over the corruptions, the NLL gap is NLL(severity) - NLL(clean). Then Hydra "
+                  "minus each baseline on the pooled corrupted rows, 95% paired-bootstrap interval in brackets, `*` "
+                  "where it excludes 0 (negative NLL = Hydra better).", "", shift_tables(shift), ""]
     if members:
         jac = members.get("jaccard", {}).get("overall")
         dis = members.get("disagreement_val", {}).get("mean")

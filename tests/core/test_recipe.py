@@ -47,6 +47,8 @@ def test_profile_deep_merges():
         (lambda d: d["pruning"].update(members=0), r"field 'pruning\.members'.*greater than or equal to 1"),
         (lambda d: d["data"]["splits"].update(train=0), r"field 'data\.splits'.*split 'train' has size 0"),
         (lambda d: d["export"].update(batch={"min": 8, "opt": 1, "max": 4}), r"export\.batch.*min <= opt <= max"),
+        (lambda d: d.update(shift={"severities": [0, 2]}), r"field 'shift\.severities'.*distinct values in 1\.\.5"),
+        (lambda d: d.update(shift={"corruptions": ["fog"]}), r"field 'shift\.corruptions'.*unknown corruption"),
     ],
 )
 def test_validation_errors_name_the_field(mutate, pattern):

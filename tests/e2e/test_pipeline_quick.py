@@ -63,6 +63,12 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path, browser_dom):
     rows = [line for line in report.splitlines() if line.startswith("| hydra | ")]
     assert len(rows) == 3  # the results table, the ensemble-gain table and the parity verdict
     assert "## Exported graphs" in report and "| nodes without Constant |" in report  # node counts per graph
+    # the corruption suite of the quick profile: 2 kinds x severities 1 and 5 on 32 test rows, every variant
+    shift = json.loads((art / "evaluate" / "shift.json").read_text())
+    assert shift["kinds"] == ["typos", "word_dropout"] and shift["severities"] == [1, 5] and shift["rows"] == 32
+    assert set(shift["mean"]["5"]) == {"single", "deep-ensemble", "hydra"}
+    assert set(shift["differences"]["5"]) == {"hydra-minus-single", "hydra-minus-deep-ensemble"}
+    assert "## Under input corruption (test split)" in report and (art / "evaluate" / "shift.png").is_file()
     # the recipe's compare variants (Taylor, circuit) side by side, each pruned with its own criterion
     assert all(f"| hydra-{n} |" in report for n in ("hies", "taylor", "circuit"))
     compare = json.loads((art / "compare" / "compare.json").read_text())

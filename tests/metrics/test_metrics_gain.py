@@ -182,3 +182,42 @@ def test_reproducible_per_seed_and_level_widens(data):
 def test_input_errors(args, kwargs, match):
     with pytest.raises(MetricInputError, match=match):
         ensemble_gain(*args, **kwargs)
+
+
+def test_paired_difference_of_a_model_with_itself_is_exactly_zero(data):
+    from toolchain.metrics.gain import paired_difference
+
+    logits, labels, _ood = data
+    probs = ensemble_probs(logits)
+    out = paired_difference(probs, probs, labels, n_boot=200)
+    for key in ("accuracy", "nll", "ece", "brier"):
+        assert out[key]["diff"] == 0.0 and out[key]["ci"] == [0.0, 0.0] and not out[key]["excludes_zero"]
+
+
+def test_paired_difference_points_equal_the_metrics_and_see_a_real_improvement(data):
+    from toolchain.metrics.gain import paired_difference
+
+    logits, labels, _ood = data
+    member = member_probs(logits)[:, 0]
+    sharper = member ** 0.5 / (member ** 0.5).sum(axis=1, keepdims=True)  # a temperature: another calibration
+    out = paired_difference(member, sharper, labels, seed=1)
+    assert out["nll"]["diff"] == pytest.approx(nll(member, labels) - nll(sharper, labels))
+    assert out["ece"]["diff"] == pytest.approx(ece(member, labels) - ece(sharper, labels))
+    assert out["accuracy"]["diff"] == 0.0  # a temperature keeps every argmax
+    lo, hi = out["nll"]["ci"]
+    assert lo <= out["nll"]["diff"] <= hi and out["nll"]["excludes_zero"]
+
+
+def test_paired_difference_resamples_examples_with_all_their_versions(data):
+    from toolchain.metrics.gain import paired_difference
+
+    logits, labels, _ood = data
+    a, b = member_probs(logits)[:, 0], member_probs(logits)[:, 1]
+    one = paired_difference(a, b, labels, seed=2)
+    twice = paired_difference(np.concatenate([a, a]), np.concatenate([b, b]), np.concatenate([labels, labels]),
+                              seed=2, blocks=2)
+    for key in ("accuracy", "nll", "brier"):  # two identical versions of every row: the same evidence as one
+        assert twice[key]["diff"] == pytest.approx(one[key]["diff"])
+        assert twice[key]["ci"] == pytest.approx(one[key]["ci"])
+    with pytest.raises(MetricInputError, match="not 7 blocks"):
+        paired_difference(a, b, labels, blocks=7)

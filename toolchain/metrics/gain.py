@@ -52,7 +52,7 @@ from toolchain.metrics.ood import auroc
 from toolchain.metrics.registry import UQ_METRICS, view_keys
 from toolchain.metrics.scores import entropy_score, member_probs, msp_score, mutual_information
 
-__all__ = ["GAIN_METRICS", "LOWER_IS_BETTER", "bootstrap_auroc", "ensemble_gain"]
+__all__ = ["GAIN_METRICS", "LOWER_IS_BETTER", "bootstrap_auroc", "ensemble_gain", "paired_difference"]
 
 #: Metric keys of :func:`ensemble_gain`, in order; the last three need OOD logits.
 GAIN_METRICS: tuple[str, ...] = tuple(view_keys("gain"))
@@ -221,4 +221,49 @@ def ensemble_gain(
     mi_id, mi_ood = mutual_information(logits_id), mutual_information(logits_ood)
     mi_boot = bootstrap_auroc(mi_id, mi_ood, idx_id, idx_ood)
     out["auroc_mi"] = _entry(auroc(mi_id, mi_ood), member_msp[0], False, mi_boot, member_msp[1], q)
+    return out
+
+
+def paired_difference(probs_a: ArrayLike, probs_b: ArrayLike, labels: ArrayLike, *, n_boot: int = 1000,
+                      level: float = 0.95, seed: int = 0, n_bins: int = DEFAULT_N_BINS,
+                      blocks: int = 1) -> dict[str, dict[str, Any]]:
+    """``a - b`` of accuracy, NLL, ECE and Brier on the same rows, with a paired-bootstrap interval.
+
+    Both models are scored on the same resampled rows (one ``default_rng(seed)`` index matrix),
+    so the interval is that of the difference, not of two independent estimates. The sign is the
+    raw ``a - b``: for NLL, ECE and Brier a negative difference means ``a`` is better.
+
+    ``blocks``: the rows are ``blocks`` versions of the same ``N / blocks`` examples, block after
+    block (e.g. one per corruption kind); a resample draws examples and keeps every version of
+    each, so versions of one example are not counted as independent evidence.
+    """
+    a = np.asarray(probs_a, dtype=np.float64)
+    b = np.asarray(probs_b, dtype=np.float64)
+    if a.ndim != 2 or a.shape != b.shape:
+        raise MetricInputError(f"paired_difference: probabilities of shapes {a.shape} and {b.shape}; need one shape.")
+    y = as_labels("labels", labels, a.shape[0], a.shape[1])
+    n_boot = _check_int("n_boot", n_boot, 1)
+    n_bins = as_n_bins(n_bins)
+    blocks = _check_int("blocks", blocks, 1)
+    if a.shape[0] % blocks:
+        raise MetricInputError(f"paired_difference: {a.shape[0]} rows are not {blocks} blocks of equal size.")
+    n = a.shape[0] // blocks
+    rows = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    idx = np.concatenate([rows + k * n for k in range(blocks)], axis=1)
+    q = ((1.0 - level) / 2.0, (1.0 + level) / 2.0)
+    sa, sb = _per_sample(a, y), _per_sample(b, y)
+    out: dict[str, dict[str, Any]] = {}
+    for key in ("accuracy", "nll", "brier"):
+        diff = sa[key] - sb[key]
+        boot = diff[idx].mean(axis=1)
+        lo, hi = (float(v) for v in np.quantile(boot, q))
+        out[key] = {"a": float(sa[key].mean()), "b": float(sb[key].mean()), "diff": float(diff.mean()),
+                    "ci": [lo, hi], "excludes_zero": bool(lo > 0.0 or hi < 0.0)}
+    from toolchain.metrics.classification import ece
+
+    ea, eb = ece(a, y, n_bins), ece(b, y, n_bins)
+    boot = _bootstrap_ece(a, y, idx, n_bins) - _bootstrap_ece(b, y, idx, n_bins)
+    lo, hi = (float(v) for v in np.quantile(boot, q))
+    out["ece"] = {"a": float(ea), "b": float(eb), "diff": float(ea - eb), "ci": [lo, hi],
+                  "excludes_zero": bool(lo > 0.0 or hi < 0.0)}
     return out

@@ -1,4 +1,4 @@
-"""Plots for uncertainty reports: reliability diagram and ID-vs-OOD score histograms.
+"""Plots for uncertainty reports: reliability diagram, ID-vs-OOD score histograms, metrics under corruption.
 
 Figures are drawn with matplotlib's Agg canvas directly (``Figure`` + ``FigureCanvasAgg``), so
 nothing touches pyplot's global state or the process-wide backend, and no display is needed.
@@ -116,5 +116,29 @@ def plot_ood_histograms(
     ax.set_ylabel("density")
     ax.set_title(title)
     ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save_atomic(fig, path)
+
+
+def plot_shift(shift: dict, path: str | os.PathLike[str], title: str) -> Path:
+    """NLL, accuracy and ECE against corruption severity (0 = clean), one line per variant, mean over kinds.
+
+    ``shift`` is the ``evaluate`` stage's ``shift.json`` (its ``mean`` entry).
+    """
+    levels = ["0", *map(str, shift["severities"])]
+    variants = list(shift["mean"]["0"])
+    fig = Figure(figsize=(11.0, 3.6))
+    axes = fig.subplots(1, 3)
+    for ax, key, label in zip(axes, ("nll", "accuracy", "ece"), ("NLL (lower is better)", "accuracy", "ECE"),
+                              strict=True):
+        for variant in variants:
+            ax.plot([int(lv) for lv in levels], [shift["mean"][lv][variant][key] for lv in levels], marker="o",
+                    label=variant)
+        ax.set_xlabel("severity (0 = clean)")
+        ax.set_title(label, fontsize="medium")
+        ax.set_xticks([int(lv) for lv in levels])
+    axes[0].legend(fontsize="small")
+    fig.suptitle(f"{title} ({len(shift['kinds'])} corruptions: {', '.join(shift['kinds'])}; {shift['rows']} rows)",
+                 fontsize="medium")
     fig.tight_layout()
     return _save_atomic(fig, path)

@@ -38,9 +38,73 @@ def _member_metrics(member_logits_id: np.ndarray, labels: np.ndarray,
             for i in range(pid.shape[1])]
 
 
-@stage("evaluate", sections=("model", "data", "finetune", "scoring", "pruning", "fusion"),
+def _shift(ctx: Context, models: dict[str, list[Any]], tok: Any, names: list[str]) -> dict[str, Any]:
+    """Accuracy, NLL, ECE, Brier of every variant on the corrupted test rows (recipe ``shift``), per kind and severity.
+
+    ``models``: variant -> its modules (a deep ensemble lists its members; the variant's
+    probabilities are their mean). Severity 0 is the same rows clean. ``mean`` averages over kinds;
+    ``differences`` pools every kind's rows at a severity and gives Hydra minus each baseline with
+    paired-bootstrap 95% intervals (resampling test rows, each with all its corrupted versions);
+    ``gap`` is NLL(severity) - NLL(clean).
+    """
+    from toolchain.data.shift import corrupt, corruptions_for
+    from toolchain.errors import RecipeError
+    from toolchain.metrics import ensemble_probs, uq_report
+    from toolchain.metrics.gain import paired_difference
+
+    sh, test = ctx.recipe.shift, ctx.data["test"]
+    kinds = list(corruptions_for(test)) if sh.corruptions is None else list(sh.corruptions)
+    wrong = [k for k in kinds if k not in corruptions_for(test)]
+    if wrong:
+        raise RecipeError(f"field 'shift.corruptions': {wrong} do not apply to the {type(test).__name__} of "
+                          f"'{test.name}'; use {', '.join(corruptions_for(test))}.")
+    if not kinds:
+        return {}
+    if sh.rows is not None and sh.rows < len(test):
+        test = test.subset(np.sort(np.random.default_rng(ctx.recipe.seed).permutation(len(test))[: sh.rows]))
+    labels = np.asarray(test.labels)
+
+    def probs(part: Any) -> dict[str, np.ndarray]:
+        out, seen = {}, {}  # a module in two variants (the single model is deep-ensemble member 0) runs once
+        for variant, modules in models.items():
+            for m in modules:
+                if id(m) not in seen:
+                    seen[id(m)] = module_outputs(ctx, m, part, tok, names)
+            runs = [seen[id(m)] for m in modules]
+            out[variant] = (runs[0]["probs"] if len(runs) == 1 else
+                            ensemble_probs(np.stack([r["logits"] for r in runs], 1)))
+        return out
+
+    keys = ("accuracy", "nll", "ece", "brier")
+    clean = probs(test)
+    metrics: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    pooled: dict[int, dict[str, list[np.ndarray]]] = {}
+    for kind in kinds:
+        metrics[kind] = {"0": {v: {k: uq_report(p, labels)[k] for k in keys} for v, p in clean.items()}}
+        for severity in ctx.recipe.shift.severities:
+            got = probs(corrupt(test, kind, severity, seed=ctx.recipe.seed))
+            metrics[kind][str(severity)] = {v: {k: uq_report(p, labels)[k] for k in keys} for v, p in got.items()}
+            for v, p in got.items():
+                pooled.setdefault(severity, {}).setdefault(v, []).append(p)
+    levels = ["0", *map(str, ctx.recipe.shift.severities)]
+    mean = {lv: {v: {k: float(np.mean([metrics[kd][lv][v][k] for kd in kinds])) for k in keys} for v in models}
+            for lv in levels}
+    gap = {v: {lv: mean[lv][v]["nll"] - mean["0"][v]["nll"] for lv in levels[1:]} for v in models}
+    differences: dict[str, dict[str, Any]] = {}
+    for severity, by_variant in pooled.items():
+        rows = np.concatenate([labels] * len(kinds))
+        hyd = np.concatenate(by_variant["hydra"])
+        differences[str(severity)] = {
+            f"hydra-minus-{base}": paired_difference(hyd, np.concatenate(by_variant[base]), rows, seed=ctx.recipe.seed,
+                                                     blocks=len(kinds))
+            for base in models if base != "hydra"}
+    return {"rows": len(test), "kinds": kinds, "severities": list(ctx.recipe.shift.severities),
+            "metrics": metrics, "mean": mean, "gap": gap, "differences": differences}
+
+
+@stage("evaluate", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "shift"),
        upstream=("fuse", "ensemble"), summary="uncertainty metrics: single model, deep ensemble, Hydra (PyTorch)",
-       version=2)
+       version=3)  # 3: shift.json (corruption suites)
 def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """UQ metrics on the ID test split and the OOD test split, with plots and per-sample outputs.
 
@@ -62,14 +126,18 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     labels = np.asarray(ctx.data["test"].labels)
     variant_only = isinstance(ctx, VariantContext)
     variants: dict[str, dict[str, np.ndarray | None]] = {}
+    shift_models: dict[str, list[Any]] = {}
     if not variant_only:
         single = {s: module_outputs(ctx, SingleModel(base), s, tok, names) for s in splits}
         members = []
+        shift_models["single"] = [SingleModel(base)]
         for i in range(ctx.recipe.pruning.members if ctx.recipe.baselines.deep_ensemble else 0):
             if i == 0 and same_stage_files(ctx, ("finetune", "model"), ("ensemble", "member0")):
                 members.append({s: single[s]["logits"] for s in splits})  # member 0 is the single model
+                shift_models.setdefault("deep-ensemble", []).append(shift_models["single"][0])
                 continue
             _m, a, _t = load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")
+            shift_models.setdefault("deep-ensemble", []).append(SingleModel(a))
             members.append({s: module_outputs(ctx, SingleModel(a), s, tok, names)["logits"] for s in splits})
         variants["single"] = {"probs_id": single["test"]["probs"], "probs_ood": single.get("ood_test", {}).get("probs")}
         if members:  # the deep-ensemble baseline (off with baselines.deep_ensemble: false)
@@ -124,6 +192,19 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
         if several:
             selection["gain"] = ensemble_gain(hyd["val"]["member_logits"], val_labels,
                                               hyd.get("ood_val", {}).get("member_logits"), seed=ctx.recipe.seed)
+    shift: dict[str, Any] = {}
+    if shift_models:  # not for compare variants (PyTorch-only extra rows)
+        from toolchain.hydra.fuse import load_hydra
+
+        shift = _shift(ctx, {**shift_models, "hydra": [load_hydra(ctx.stage_dir("fuse") / "hydra")]}, tok, names)
+        if shift:
+            from toolchain.metrics.plots import plot_shift
+
+            plot_shift(shift, work / "shift.png", title=f"{ctx.recipe.name}: corrupted test rows")
+            for lv in ["0", *map(str, shift["severities"])]:
+                ctx.console.print(f"  shift severity {lv}: " + "  ".join(
+                    f"{v} nll {m['nll']:.4f} acc {m['accuracy']:.4f}" for v, m in shift["mean"][lv].items()))
+    atomic_write_json(work / "shift.json", shift)
     atomic_write_json(work / "metrics.json", metrics)
     atomic_write_json(work / "diversity.json", diversity)
     atomic_write_json(work / "selection.json", selection)
