@@ -11,7 +11,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -89,3 +92,17 @@ def copy_model(src: Path, dst_dir: Path) -> Path:
     for f in src.parent.glob(src.name + "*"):
         (dst_dir / f.name).write_bytes(f.read_bytes())
     return dst_dir / src.name
+
+
+def run_cli(*args: str) -> SimpleNamespace:
+    """``hydra-toolchain ARGS`` through the entry point in this process (no interpreter start-up)."""
+    from toolchain.cli import main as entry
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            entry(list(args))
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())

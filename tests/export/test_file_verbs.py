@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import onnx
 import pytest
 import torch
+from export_models import run_cli
 
 from toolchain.hydra import fuse, save_hydra
 from toolchain.models import save_model
@@ -32,18 +30,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=600)
 
 
-def main(*args: str) -> SimpleNamespace:
-    """The same entry point in this process (no interpreter start-up: for the many short error cases)."""
-    from toolchain.cli import main as entry
-
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            entry(list(args))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+main = run_cli  # the entry point in this process (tests/export/export_models.py)
 
 
 @pytest.fixture(scope="module")

@@ -8,38 +8,25 @@ bit-identically, and rescues an FP16 graph that overflows.
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import json
 import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import onnx
 import pytest
 import torch
+from export_models import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
 
 
-def main(*args: str) -> SimpleNamespace:
-    """The CLI entry point in this process."""
-    from toolchain.cli import main as entry
-
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            entry(list(args))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+main = run_cli  # the entry point in this process (tests/export/export_models.py)
 
 
 def _tiny_with_tokenizer(classes: list[str], seed: int = 0, scale: float = 300.0) -> torch.nn.Module:
