@@ -163,7 +163,22 @@ class Context:
             splits.update(drop_id_rows(ident, self.carve("ood")[1], id_name=r.data.id, ood_name=r.data.ood,
                                        warn=lambda m: self.console.print(f"warning: {m}", highlight=False,
                                                                          markup=False)))
+        if r.data.near_ood is not None:  # rows held out of the ID set before it was split: evaluate only
+            held = self.near_ood_rows()
+            pick = np.random.default_rng(r.seed + 2).permutation(len(held))[: r.data.near_ood.rows]
+            splits["near_ood_test"] = held.subset(np.sort(pick), name=f"{held.name.split('/')[0]}/near_ood_test")
         return splits
+
+    def near_ood_rows(self) -> Any:
+        """Every ID row that ``data.near_ood`` holds out (:func:`toolchain.data.near_ood.hold_out`)."""
+        from toolchain.data import load_dataset
+        from toolchain.data.near_ood import hold_out
+
+        r, near = self.recipe, self.recipe.data.near_ood
+        if near is None:
+            raise DataError("the recipe has no data.near_ood section")
+        data = load_dataset(r.data.id, **self._dataset_kwargs(r.data.id))
+        return hold_out(data, classes=near.classes, match=near.match)[1]
 
     def carve(self, which: str, more: dict[str, int | None] | None = None) -> tuple[Any, dict[str, Any]]:
         """``(data set, splits)`` of the recipe's ``"id"`` or ``"ood"`` data, with the recipe's sizes and seed.
@@ -179,6 +194,10 @@ class Context:
         ood = which == "ood"
         name, sizes = (r.data.ood, r.data.ood_splits) if ood else (r.data.id, r.data.splits)
         data = load_dataset(name, **self._dataset_kwargs(name, ood=ood))
+        if not ood and r.data.near_ood is not None:  # the near-OOD rows never reach an ID split
+            from toolchain.data.near_ood import hold_out
+
+            data = hold_out(data, classes=r.data.near_ood.classes, match=r.data.near_ood.match)[0]
         sizes = _split_sizes(sizes)
         if more:
             left = len(data) - sum(_resolve_sizes(sizes, len(data), data.name).values())

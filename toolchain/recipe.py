@@ -81,6 +81,29 @@ def _default_engines() -> list[str]:
     return default_engines()
 
 
+class NearOodSection(_Strict):
+    """Near-OOD rows held out of the ID data set before it is split (toolchain/data/near_ood.py); evaluate only."""
+
+    classes: list[str] | None = Field(None, description="held-out class names: their rows leave the ID set and "
+                                      "its label space (a semantic shift, e.g. two Fashion-MNIST garments)")
+    match: str | None = Field(None, description="text: a regular expression (re.search); matching rows leave the "
+                              "ID set (a topic shift, e.g. '(?i)coachella' on the tweets)")
+    rows: int = Field(500, ge=8, description="held-out rows scored as near_ood_test (a seeded sample)")
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> NearOodSection:
+        if (self.classes is None) == (self.match is None):
+            raise ValueError("give exactly one of classes (held-out class names) or match (a text pattern)")
+        if self.match is not None:
+            import re
+
+            try:
+                re.compile(self.match)
+            except re.error as exc:
+                raise ValueError(f"match {self.match!r} is not a regular expression ({exc})") from None
+        return self
+
+
 class DataSection(_Strict):
     """In-distribution and OOD data sets and their split sizes (counts, or fractions)."""
 
@@ -90,6 +113,9 @@ class DataSection(_Strict):
         default_factory=lambda: {"train": 4000, "val": 500, "calib": 128, "test": 1000}
     )
     ood_splits: dict[str, float] = Field(default_factory=lambda: {"ood_val": 200, "ood_test": 500})
+    near_ood: NearOodSection | None = Field(
+        None, description="near-OOD rows held out of the ID data before splitting; no training, scoring or "
+        "selection sees them (evaluate's ood.json)")
 
     @field_validator("splits", "ood_splits")
     @classmethod
@@ -343,6 +369,8 @@ class Recipe(_Strict):
     def digest(self, *sections: str) -> str:
         """Stable hash of the named sections or dotted fields (all when none): stage cache keys."""
         full = self.model_dump(mode="json")
+        if full.get("data", {}).get("near_ood", 0) is None:  # without it, the keys from before the field existed
+            del full["data"]["near_ood"]
         data = full
         if sections:  # "section" or a dotted path such as "pruning.members"
             data = {}

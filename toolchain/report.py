@@ -124,7 +124,7 @@ def _diff_cell(d: dict[str, Any] | None) -> str:
 def shift_tables(shift: dict[str, Any]) -> str:
     """Markdown: metrics per severity (mean over corruptions) and Hydra minus each baseline with intervals."""
     levels = ["0", *map(str, shift["severities"])]
-    variants = list(shift["mean"]["0"])
+    variants = sorted(shift["mean"]["0"], key=lambda v: _VARIANT_ORDER.get(v, len(_VARIANT_ORDER)))
     head = "| severity | " + " | ".join(f"{v} acc / NLL / ECE" for v in variants) + " | " + \
         " | ".join(f"{v} NLL gap" for v in variants) + " |"
     rows = [head, "|---|" + "---:|" * (2 * len(variants))]
@@ -141,6 +141,44 @@ def shift_tables(shift: dict[str, Any]) -> str:
         d = shift["differences"].get(lv, {})
         diff.append(f"| {lv} | " + " | ".join(_diff_cell(d.get(p, {}).get(k)) for p in pairs for k, _l in keys) + " |")
     return "\n".join(rows) + "\n\n" + "\n".join(diff)
+
+
+def shift_kind_table(shift: dict[str, Any]) -> str:
+    """Markdown: per corruption kind and severity, NLL and accuracy of each variant and Hydra minus each baseline."""
+    variants = sorted(shift["mean"]["0"], key=lambda v: _VARIANT_ORDER.get(v, len(_VARIANT_ORDER)))
+    by_kind = shift.get("differences_by_kind") or {}
+    pairs = sorted({p for d in by_kind.values() for sev in d.values() for p in sev})
+    rows = ["| corruption | severity | " + " | ".join(f"{v} acc / NLL" for v in variants) + " | "
+            + " | ".join(f"{p.replace('-minus-', ' - ')} NLL" for p in pairs) + " |",
+            "|---|---:|" + "---:|" * (len(variants) + len(pairs))]
+    for kind in shift["kinds"]:
+        for lv in map(str, shift["severities"]):
+            m = shift["metrics"][kind][lv]
+            d = by_kind.get(kind, {}).get(lv, {})
+            rows.append(f"| {kind} | {lv} | " + " | ".join(f"{m[v]['accuracy']:.4f} / {m[v]['nll']:.4f}"
+                                                          for v in variants) + " | "
+                        + " | ".join(_diff_cell(d.get(p, {}).get("nll")) for p in pairs) + " |")
+    return "\n".join(rows)
+
+
+#: row order of the baselines and Hydra in the tables
+_VARIANT_ORDER = {"single": 0, "deep-ensemble": 1, "hydra": 2}
+#: OOD detection columns of :func:`ood_table`
+_OOD_KEYS = (("auroc_msp", "AUROC MSP"), ("aupr_msp", "AUPR MSP"), ("fpr95_msp", "FPR95 MSP"),
+             ("auroc_entropy", "AUROC ent"), ("auroc_mi", "AUROC MI"))
+
+
+def ood_table(rep: dict[str, Any]) -> str:
+    """Markdown: one OOD set's detection metrics per variant, then Hydra minus each baseline (AUROC, intervals)."""
+    rows = ["| variant | " + " | ".join(label for _k, label in _OOD_KEYS) + " |", "|---|" + "---:|" * len(_OOD_KEYS)]
+    for variant, m in sorted(rep["metrics"].items(), key=lambda kv: _VARIANT_ORDER.get(kv[0], len(_VARIANT_ORDER))):
+        rows.append(f"| {variant} | " + " | ".join(f"{m[k]:.4f}" if k in m else "-" for k, _l in _OOD_KEYS) + " |")
+    keys = [k for k, _l in _OOD_KEYS if k.startswith("auroc")]
+    diff = ["| difference | " + " | ".join(label for k, label in _OOD_KEYS if k in keys) + " |",
+            "|---|" + "---:|" * len(keys)]
+    for pair, d in rep["differences"].items():
+        diff.append(f"| {pair.replace('-minus-', ' - ')} | " + " | ".join(_diff_cell(d.get(k)) for k in keys) + " |")
+    return "\n".join(rows) + ("\n\n" + "\n".join(diff) if rep["differences"] else "")
 
 
 def build_report(root: Path, out_dir: Path, title: str) -> dict[str, Path]:
@@ -185,6 +223,15 @@ def build_report(root: Path, out_dir: Path, title: str) -> dict[str, Path]:
                   "Gain = ensemble minus its mean member, signed so that positive is better; 95% paired-bootstrap "
                   "interval in brackets, `*` where it excludes 0. MI has no single-member value: its gain is the "
                   "ensemble's MI AUROC minus the members' mean MSP AUROC.", "", table, ""]
+    ood = _read(root / "evaluate" / "ood.json") or {}
+    for kind, rep in ood.items():
+        what = ("the recipe's OOD set (`data.ood`)" if kind == "far" else
+                "rows held out of the ID data before splitting (`data.near_ood`); no training, scoring or selection "
+                "saw them")
+        parts += [f"## {kind.capitalize()}-OOD detection ({rep['split']}, {rep['rows']} rows)", "",
+                  f"OOD rows: {what}; ID rows: the test split. Differences: Hydra minus each baseline, AUROC "
+                  "(positive = Hydra detects better), 95% paired-bootstrap interval over ID and OOD rows, `*` where "
+                  "it excludes 0.", "", ood_table(rep), ""]
     shift = _read(root / "evaluate" / "shift.json") or {}
     if shift:
         parts += ["## Under input corruption (test split)", "",
@@ -193,6 +240,8 @@ def build_report(root: Path, out_dir: Path, title: str) -> dict[str, Path]:
                   "metrics are the mean over the corruptions, the NLL gap is NLL(severity) - NLL(clean). Then Hydra "
                   "minus each baseline on the pooled corrupted rows, 95% paired-bootstrap interval in brackets, `*` "
                   "where it excludes 0 (negative NLL = Hydra better).", "", shift_tables(shift), ""]
+        if shift.get("differences_by_kind"):
+            parts += ["Per corruption kind:", "", shift_kind_table(shift), ""]
     if members:
         jac = members.get("jaccard", {}).get("overall")
         dis = members.get("disagreement_val", {}).get("mean")

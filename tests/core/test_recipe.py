@@ -49,6 +49,11 @@ def test_profile_deep_merges():
         (lambda d: d["export"].update(batch={"min": 8, "opt": 1, "max": 4}), r"export\.batch.*min <= opt <= max"),
         (lambda d: d.update(shift={"severities": [0, 2]}), r"field 'shift\.severities'.*distinct values in 1\.\.5"),
         (lambda d: d.update(shift={"corruptions": ["fog"]}), r"field 'shift\.corruptions'.*unknown corruption"),
+        (lambda d: d["data"].update(near_ood={"match": "(coachella", "rows": 10}),
+         r"field 'data\.near_ood'.*not a regular expression"),
+        (lambda d: d["data"].update(near_ood={"rows": 10}), r"field 'data\.near_ood'.*exactly one of classes"),
+        (lambda d: d["data"].update(near_ood={"classes": ["a"], "match": "b"}),
+         r"field 'data\.near_ood'.*exactly one of classes"),
     ],
 )
 def test_validation_errors_name_the_field(mutate, pattern):
@@ -188,3 +193,18 @@ def test_a_compare_entry_switching_strategy_drops_the_inherited_criteria():
     r = parse_recipe(data)
     assert r.variant(r.compare[0]).pruning.criteria is None
     assert r.variant(r.compare[1]).pruning.criteria == ["taylor", "his", "hies"]
+
+
+def test_a_recipe_without_near_ood_keeps_its_cache_keys():
+    """The near_ood field came later: a recipe without it hashes as it did before, one with it differently."""
+    import hashlib
+    import json
+
+    data = _base()
+    data["data"].pop("near_ood", None)
+    recipe = parse_recipe(data)
+    before = recipe.model_dump(mode="json")["data"]
+    before.pop("near_ood")
+    expected = hashlib.sha256(json.dumps({"data": before}, sort_keys=True).encode()).hexdigest()
+    assert recipe.digest("data") == expected
+    assert parse_recipe(_base()).digest("data") != expected  # the default recipe holds Coachella tweets out

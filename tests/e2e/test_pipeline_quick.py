@@ -61,7 +61,7 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path, browser_dom):
     dom = browser_dom(art / "report" / "report.html")  # the HTML report as a browser renders it
     assert dom.count("<table>") >= 4 and "<td>hydra</td>" in dom and "<pre>" not in dom
     rows = [line for line in report.splitlines() if line.startswith("| hydra | ")]
-    assert len(rows) == 3  # the results table, the ensemble-gain table and the parity verdict
+    assert len(rows) == 5  # the results, ensemble-gain, far- and near-OOD tables and the parity verdict
     assert "## Exported graphs" in report and "| nodes without Constant |" in report  # node counts per graph
     # the corruption suite of the quick profile: 2 kinds x severities 1 and 5 on 32 test rows, every variant
     shift = json.loads((art / "evaluate" / "shift.json").read_text())
@@ -69,6 +69,14 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path, browser_dom):
     assert set(shift["mean"]["5"]) == {"single", "deep-ensemble", "hydra"}
     assert set(shift["differences"]["5"]) == {"hydra-minus-single", "hydra-minus-deep-ensemble"}
     assert "## Under input corruption (test split)" in report and (art / "evaluate" / "shift.png").is_file()
+    assert set(shift["differences_by_kind"]) == {"typos", "word_dropout"} and "Per corruption kind:" in report
+    # far OOD (BBC) and near OOD (Coachella tweets held out of the ID data) for every variant, with paired intervals
+    ood = json.loads((art / "evaluate" / "ood.json").read_text())
+    assert {k: v["split"] for k, v in ood.items()} == {"far": "ood_test", "near": "near_ood_test"}
+    assert ood["near"]["rows"] == 32 and set(ood["near"]["metrics"]) == {"single", "deep-ensemble", "hydra"}
+    d = ood["near"]["differences"]["hydra-minus-deep-ensemble"]
+    assert set(d) == {"auroc_msp", "auroc_entropy", "auroc_mi"} and d["auroc_msp"]["ci"][0] <= d["auroc_msp"]["diff"]
+    assert "## Near-OOD detection (near_ood_test, 32 rows)" in report and "## Far-OOD detection" in report
     # the recipe's compare variants (Taylor, circuit) side by side, each pruned with its own criterion
     assert all(f"| hydra-{n} |" in report for n in ("hies", "taylor", "circuit"))
     compare = json.loads((art / "compare" / "compare.json").read_text())
@@ -80,6 +88,8 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path, browser_dom):
     selection = json.loads((art / "evaluate" / "selection.json").read_text())
     assert selection["ood_val_rows"] == [16, 32] and selection["ood_val_rows_seen_by_scoring"] == 0
     assert {"nll", "auroc_msp"} <= set(selection["gain"])
+    assert {"single", "deep-ensemble", "hydra"} <= set(selection)  # the rule's baselines, on the same rows
+    assert all("auroc_msp" in selection[v] for v in ("single", "deep-ensemble", "hydra"))
     assert selection["gain"]["nll"]["ci"][0] <= selection["gain"]["nll"]["gain"] <= selection["gain"]["nll"]["ci"][1]
     for name in compare:
         assert json.loads((art / "variants" / name / "prune" / "members.json").read_text())["criterion"] == name

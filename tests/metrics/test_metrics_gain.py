@@ -221,3 +221,26 @@ def test_paired_difference_resamples_examples_with_all_their_versions(data):
         assert twice[key]["ci"] == pytest.approx(one[key]["ci"])
     with pytest.raises(MetricInputError, match="not 7 blocks"):
         paired_difference(a, b, labels, blocks=7)
+
+
+def test_paired_auroc_difference_matches_sklearn_and_its_interval_is_that_of_the_difference():
+    from sklearn.metrics import roc_auc_score
+
+    from toolchain.metrics.gain import paired_auroc_difference
+
+    rng = np.random.default_rng(0)
+    shared_id, shared_ood = rng.normal(0, 1, 400), rng.normal(0.6, 1, 300)
+    a = (shared_id + rng.normal(0, 0.3, 400), shared_ood + 0.4 + rng.normal(0, 0.3, 300))  # a better detector
+    b = (shared_id + rng.normal(0, 0.3, 400), shared_ood + rng.normal(0, 0.3, 300))
+    out = paired_auroc_difference(a, b, seed=3)
+    y = np.r_[np.zeros(400), np.ones(300)]
+    assert out["a"] == pytest.approx(roc_auc_score(y, np.r_[a]))
+    assert out["b"] == pytest.approx(roc_auc_score(y, np.r_[b]))
+    assert out["diff"] == pytest.approx(out["a"] - out["b"]) and out["excludes_zero"] and out["ci"][0] > 0
+    # paired: both detectors share most of their scores, so the difference is far tighter than either AUROC
+    assert out["ci"][1] - out["ci"][0] < 0.06
+    same = paired_auroc_difference(a, a, seed=3)
+    assert same["diff"] == 0.0 and same["ci"] == [0.0, 0.0] and not same["excludes_zero"]
+    assert paired_auroc_difference(a, b, seed=3) == out  # seeded
+    with pytest.raises(MetricInputError, match="paired_auroc_difference"):
+        paired_auroc_difference(a, (b[0][:10], b[1]))

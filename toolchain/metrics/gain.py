@@ -52,7 +52,8 @@ from toolchain.metrics.ood import auroc
 from toolchain.metrics.registry import UQ_METRICS, view_keys
 from toolchain.metrics.scores import entropy_score, member_probs, msp_score, mutual_information
 
-__all__ = ["GAIN_METRICS", "LOWER_IS_BETTER", "bootstrap_auroc", "ensemble_gain", "paired_difference"]
+__all__ = ["GAIN_METRICS", "LOWER_IS_BETTER", "bootstrap_auroc", "ensemble_gain", "paired_auroc_difference",
+           "paired_difference"]
 
 #: Metric keys of :func:`ensemble_gain`, in order; the last three need OOD logits.
 GAIN_METRICS: tuple[str, ...] = tuple(view_keys("gain"))
@@ -267,3 +268,28 @@ def paired_difference(probs_a: ArrayLike, probs_b: ArrayLike, labels: ArrayLike,
     out["ece"] = {"a": float(ea), "b": float(eb), "diff": float(ea - eb), "ci": [lo, hi],
                   "excludes_zero": bool(lo > 0.0 or hi < 0.0)}
     return out
+
+
+def paired_auroc_difference(scores_a: tuple[ArrayLike, ArrayLike], scores_b: tuple[ArrayLike, ArrayLike], *,
+                            n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+    """OOD AUROC of detector ``a`` minus that of ``b`` on the same rows, with a paired-bootstrap interval.
+
+    ``scores_a`` and ``scores_b`` are ``(id_scores [N], ood_scores [K])`` (higher = more OOD) of
+    two models on the *same* ID and OOD rows. Each resample draws ``N`` ID and ``K`` OOD rows with
+    replacement (one ``default_rng(seed)`` stream, the ID index matrix first) and scores both
+    detectors on them, so the interval is that of the difference. Positive: ``a`` detects better.
+    """
+    ids = [np.asarray(s[0], np.float64).reshape(-1) for s in (scores_a, scores_b)]
+    oods = [np.asarray(s[1], np.float64).reshape(-1) for s in (scores_a, scores_b)]
+    if ids[0].shape != ids[1].shape or oods[0].shape != oods[1].shape or not ids[0].size or not oods[0].size:
+        raise MetricInputError(f"paired_auroc_difference: ID scores {ids[0].shape} vs {ids[1].shape} and OOD scores "
+                               f"{oods[0].shape} vs {oods[1].shape}; each pair needs one non-empty shape.")
+    n_boot = _check_int("n_boot", n_boot, 1)
+    seed = _check_int("seed", seed, 0)
+    rng = np.random.default_rng(seed)
+    idx_id = rng.integers(0, ids[0].size, size=(n_boot, ids[0].size))
+    idx_ood = rng.integers(0, oods[0].size, size=(n_boot, oods[0].size))
+    a, b = auroc(ids[0], oods[0]), auroc(ids[1], oods[1])
+    boot = bootstrap_auroc(ids[0], oods[0], idx_id, idx_ood) - bootstrap_auroc(ids[1], oods[1], idx_id, idx_ood)
+    lo, hi = (float(v) for v in np.quantile(boot, ((1.0 - level) / 2.0, (1.0 + level) / 2.0)))
+    return {"a": float(a), "b": float(b), "diff": float(a - b), "ci": [lo, hi], "excludes_zero": bool(lo > 0 or hi < 0)}

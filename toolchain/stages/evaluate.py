@@ -15,16 +15,55 @@ from toolchain.pruning.diversity import ensemble_diversity
 from toolchain.stages.common import VariantContext, circuit_sees_ood, load_stage_model, selection_ood_rows
 
 
-def _hydra_variantmodule_outputs(ctx: Context, splits: list[str], tok: Any, names: list[str]) -> dict[str, dict]:
-    from toolchain.hydra.fuse import load_hydra
-
-    hydra = load_hydra(ctx.stage_dir("fuse") / "hydra")
-    out = {s: module_outputs(ctx, hydra, s, tok, names) for s in splits if s != "ood_val"}
-    if "ood_val" in splits:  # only the rows model selection uses (see selection_ood_rows)
+def _outputs(ctx: Context, module: Any, splits: list[str], tok: Any, names: list[str]) -> dict[str, dict]:
+    """A module's outputs on each split; of ``ood_val`` only the rows model selection uses (selection_ood_rows)."""
+    out = {s: module_outputs(ctx, module, s, tok, names) for s in splits if s != "ood_val"}
+    if "ood_val" in splits:
         part = ctx.data["ood_val"]
-        rows = part.subset(list(range(*selection_ood_rows(len(part)))))
-        out["ood_val"] = module_outputs(ctx, hydra, rows, tok, names)
+        out["ood_val"] = module_outputs(ctx, module, part.subset(list(range(*selection_ood_rows(len(part))))),
+                                        tok, names)
     return out
+
+
+#: OOD sets of ``ood.json``: far (``data.ood``) and near (``data.near_ood``, held out of the ID data)
+OOD_SETS = {"far": "ood_test", "near": "near_ood_test"}
+
+
+def _ood_report(outs: dict[str, dict[str, dict[str, np.ndarray]]], labels: np.ndarray, seed: int,
+                several: bool) -> dict[str, Any]:
+    """Detection of each OOD set by every variant, and Hydra minus each baseline with paired-bootstrap intervals.
+
+    ``outs``: variant -> split -> ``{"probs"[, "member_logits"]}``. Metrics: AUROC, AUPR and FPR95
+    on MSP and entropy (and MI, disagreement for ensembles); differences: AUROC on MSP, entropy and
+    (ensembles) MI, resampling ID test rows and OOD rows.
+    """
+    from toolchain.metrics import uq_report
+    from toolchain.metrics.gain import paired_auroc_difference
+    from toolchain.metrics.scores import entropy_score, msp_score, mutual_information
+
+    report: dict[str, Any] = {}
+    for kind, split in OOD_SETS.items():
+        if split not in outs["hydra"]:
+            continue
+        metrics, scores = {}, {}
+        for variant, o in outs.items():
+            ident, ood = o["test"], o[split]
+            kw: dict[str, Any] = {"probs_ood": ood["probs"]}
+            sc = {k: (fn(ident["probs"]), fn(ood["probs"]))
+                  for k, fn in (("msp", msp_score), ("entropy", entropy_score))}
+            if several and "member_logits" in ident:
+                kw |= {"member_logits_id": ident["member_logits"], "member_logits_ood": ood["member_logits"]}
+                sc["mi"] = (mutual_information(ident["member_logits"]), mutual_information(ood["member_logits"]))
+            rep = uq_report(ident["probs"], labels, **kw)
+            metrics[variant] = {k: v for k, v in rep.items() if k.split("_")[0] in ("auroc", "aupr", "fpr95")}
+            scores[variant] = sc
+        differences = {f"hydra-minus-{base}": {f"auroc_{k}": paired_auroc_difference(scores["hydra"][k], sc[k],
+                                                                                     seed=seed)
+                                               for k in scores["hydra"] if k in sc}
+                       for base, sc in scores.items() if base != "hydra"}
+        report[kind] = {"split": split, "rows": len(outs["hydra"][split]["probs"]), "metrics": metrics,
+                        "differences": differences}
+    return report
 
 
 def _member_metrics(member_logits_id: np.ndarray, labels: np.ndarray,
@@ -45,7 +84,7 @@ def _shift(ctx: Context, models: dict[str, list[Any]], tok: Any, names: list[str
     probabilities are their mean). Severity 0 is the same rows clean. ``mean`` averages over kinds;
     ``differences`` pools every kind's rows at a severity and gives Hydra minus each baseline with
     paired-bootstrap 95% intervals (resampling test rows, each with all its corrupted versions);
-    ``gap`` is NLL(severity) - NLL(clean).
+    ``gap`` is NLL(severity) - NLL(clean); ``differences_by_kind`` is the same per corruption kind.
     """
     from toolchain.data.shift import corrupt, corruptions_for
     from toolchain.errors import RecipeError
@@ -98,13 +137,18 @@ def _shift(ctx: Context, models: dict[str, list[Any]], tok: Any, names: list[str
             f"hydra-minus-{base}": paired_difference(hyd, np.concatenate(by_variant[base]), rows, seed=ctx.recipe.seed,
                                                      blocks=len(kinds))
             for base in models if base != "hydra"}
+    by_kind = {kind: {str(sev): {f"hydra-minus-{base}": paired_difference(by_variant["hydra"][i], by_variant[base][i],
+                                                                        labels, seed=ctx.recipe.seed)
+                                 for base in models if base != "hydra"}
+                      for sev, by_variant in pooled.items()} for i, kind in enumerate(kinds)}
     return {"rows": len(test), "kinds": kinds, "severities": list(ctx.recipe.shift.severities),
-            "metrics": metrics, "mean": mean, "gap": gap, "differences": differences}
+            "metrics": metrics, "mean": mean, "gap": gap, "differences": differences,
+            "differences_by_kind": by_kind}
 
 
 @stage("evaluate", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "shift"),
        upstream=("fuse", "ensemble"), summary="uncertainty metrics: single model, deep ensemble, Hydra (PyTorch)",
-       version=3)  # 3: shift.json (corruption suites)
+       version=4)  # 3: shift.json (corruption suites); 4: ood.json (far and near OOD), baselines in selection.json
 def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """UQ metrics on the ID test split and the OOD test split, with plots and per-sample outputs.
 
@@ -127,18 +171,22 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     variant_only = isinstance(ctx, VariantContext)
     variants: dict[str, dict[str, np.ndarray | None]] = {}
     shift_models: dict[str, list[Any]] = {}
+    near = ["near_ood_test"] if "near_ood_test" in ctx.data else []
+    sel_splits = [s for s in ("val", "ood_val") if s in ctx.data]
+    run_splits = splits + near + sel_splits
+    members: list[dict[str, np.ndarray]] = []
+    single: dict[str, dict[str, np.ndarray]] = {}
     if not variant_only:
-        single = {s: module_outputs(ctx, SingleModel(base), s, tok, names) for s in splits}
-        members = []
+        single = _outputs(ctx, SingleModel(base), run_splits, tok, names)
         shift_models["single"] = [SingleModel(base)]
         for i in range(ctx.recipe.pruning.members if ctx.recipe.baselines.deep_ensemble else 0):
             if i == 0 and same_stage_files(ctx, ("finetune", "model"), ("ensemble", "member0")):
-                members.append({s: single[s]["logits"] for s in splits})  # member 0 is the single model
+                members.append({s: single[s]["logits"] for s in run_splits})  # member 0 is the single model
                 shift_models.setdefault("deep-ensemble", []).append(shift_models["single"][0])
                 continue
             _m, a, _t = load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")
             shift_models.setdefault("deep-ensemble", []).append(SingleModel(a))
-            members.append({s: module_outputs(ctx, SingleModel(a), s, tok, names)["logits"] for s in splits})
+            members.append({s: o["logits"] for s, o in _outputs(ctx, SingleModel(a), run_splits, tok, names).items()})
         variants["single"] = {"probs_id": single["test"]["probs"], "probs_ood": single.get("ood_test", {}).get("probs")}
         if members:  # the deep-ensemble baseline (off with baselines.deep_ensemble: false)
             de_id = np.stack([m["test"] for m in members], 1)
@@ -146,8 +194,9 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
             variants["deep-ensemble"] = {"probs_id": ensemble_probs(de_id),
                                          "probs_ood": None if de_ood is None else ensemble_probs(de_ood),
                                          "member_logits_id": de_id, "member_logits_ood": de_ood}
-    sel_splits = [s for s in ("val", "ood_val") if s in ctx.data]
-    hyd = _hydra_variantmodule_outputs(ctx, splits + sel_splits, tok, names)
+    from toolchain.hydra.fuse import load_hydra
+
+    hyd = _outputs(ctx, load_hydra(ctx.stage_dir("fuse") / "hydra"), run_splits, tok, names)
     variants["hydra"] = {"probs_id": hyd["test"]["probs"], "probs_ood": hyd.get("ood_test", {}).get("probs"),
                          "member_logits_id": hyd["test"]["member_logits"],
                          "member_logits_ood": hyd.get("ood_test", {}).get("member_logits")}
@@ -184,6 +233,19 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
             kw["member_logits_id"] = hyd["val"]["member_logits"]
             kw["member_logits_ood"] = hyd["ood_val"]["member_logits"]
         selection["hydra"] = uq_report(hyd["val"]["probs"], val_labels, **kw)
+        if single:  # what a user would deploy instead, on the same validation rows (the selection rule's baselines)
+            has_ood_val = "ood_val" in single
+            selection["single"] = uq_report(single["val"]["probs"], val_labels,
+                                            probs_ood=single["ood_val"]["probs"] if has_ood_val else None)
+            if members:
+                de_val = np.stack([m["val"] for m in members], 1)
+                de_kw: dict[str, Any] = {}
+                if has_ood_val:
+                    de_ood = np.stack([m["ood_val"] for m in members], 1)
+                    de_kw = {"probs_ood": ensemble_probs(de_ood)}
+                    if several:
+                        de_kw |= {"member_logits_id": de_val, "member_logits_ood": de_ood}
+                selection["deep-ensemble"] = uq_report(ensemble_probs(de_val), val_labels, **de_kw)
         if "ood_val" in hyd:
             start, stop = selection_ood_rows(len(ctx.data["ood_val"]))
             seen = min(ctx.recipe.scoring.calib_samples, stop) if circuit_sees_ood(ctx) else 0
@@ -192,10 +254,19 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
         if several:
             selection["gain"] = ensemble_gain(hyd["val"]["member_logits"], val_labels,
                                               hyd.get("ood_val", {}).get("member_logits"), seed=ctx.recipe.seed)
+    ood_outs: dict[str, dict[str, dict[str, np.ndarray]]] = {}
+    if single:
+        ood_outs["single"] = {s: {"probs": single[s]["probs"]} for s in splits + near}
+    if members:
+        stacked = {s: np.stack([m[s] for m in members], 1) for s in splits + near}
+        ood_outs["deep-ensemble"] = {s: {"probs": ensemble_probs(v), "member_logits": v} for s, v in stacked.items()}
+    ood_outs["hydra"] = {s: {"probs": hyd[s]["probs"], "member_logits": hyd[s]["member_logits"]} for s in splits + near}
+    ood = _ood_report(ood_outs, labels, ctx.recipe.seed, several)
+    for kind, rep in ood.items():
+        ctx.console.print(f"  {kind}-OOD ({rep['split']}, {rep['rows']} rows) AUROC MSP: " + "  ".join(
+            f"{v} {m['auroc_msp']:.4f}" for v, m in rep["metrics"].items()))
     shift: dict[str, Any] = {}
     if shift_models:  # not for compare variants (PyTorch-only extra rows)
-        from toolchain.hydra.fuse import load_hydra
-
         shift = _shift(ctx, {**shift_models, "hydra": [load_hydra(ctx.stage_dir("fuse") / "hydra")]}, tok, names)
         if shift:
             from toolchain.metrics.plots import plot_shift
@@ -205,6 +276,7 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
                 ctx.console.print(f"  shift severity {lv}: " + "  ".join(
                     f"{v} nll {m['nll']:.4f} acc {m['accuracy']:.4f}" for v, m in shift["mean"][lv].items()))
     atomic_write_json(work / "shift.json", shift)
+    atomic_write_json(work / "ood.json", ood)
     atomic_write_json(work / "metrics.json", metrics)
     atomic_write_json(work / "diversity.json", diversity)
     atomic_write_json(work / "selection.json", selection)
