@@ -197,6 +197,9 @@ class RecoverySection(_Strict):
     batch_size: int = Field(32, ge=1)
     #: train each member on its own bootstrap resample of the training split (seeded per member)
     bootstrap: bool = False
+    distill: float = Field(0.0, ge=0, le=1, description="weight of a teacher term: KL to the fine-tuned (unpruned) "
+                           "model's softened predictions beside the labels' cross-entropy (0: labels only)")
+    temperature: float = Field(2.0, gt=0, description="softening temperature of the teacher term")
 
 
 class PruningSection(_Strict):
@@ -369,8 +372,13 @@ class Recipe(_Strict):
     def digest(self, *sections: str) -> str:
         """Stable hash of the named sections or dotted fields (all when none): stage cache keys."""
         full = self.model_dump(mode="json")
-        if full.get("data", {}).get("near_ood", 0) is None:  # without it, the keys from before the field existed
-            del full["data"]["near_ood"]
+        for path, default in _LATER_FIELDS.items():  # at their defaults: the keys from before the fields existed
+            *parents, leaf = path
+            holder = full
+            for part in parents:
+                holder = holder.get(part, {})
+            if leaf in holder and holder[leaf] == default:
+                del holder[leaf]
         data = full
         if sections:  # "section" or a dotted path such as "pruning.members"
             data = {}
@@ -384,6 +392,15 @@ class Recipe(_Strict):
     def artifacts(self) -> Path:
         """``<artifacts_dir>/<name>``."""
         return Path(self.artifacts_dir) / self.name
+
+
+#: fields added after artifacts were cached, with their defaults: a recipe that leaves one at its default
+#: hashes as before the field existed, so its cached stages stay valid (``Recipe.digest``)
+_LATER_FIELDS: dict[tuple[str, ...], Any] = {
+    ("data", "near_ood"): None,
+    ("pruning", "recovery", "distill"): 0.0,
+    ("pruning", "recovery", "temperature"): 2.0,
+}
 
 
 def _deep_merge(base: dict, over: dict) -> dict:

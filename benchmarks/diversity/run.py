@@ -1,17 +1,22 @@
-"""Member diversity strategies at M = 3 and one head budget, on the default recipe's data.
+"""Member diversity strategies at M = 3, and head budgets, on a recipe's data (default: the default recipe's).
 
 Tweets in distribution, BBC News as OOD; the base classifier and the equal-budget deep ensemble are
-the default recipe's own stages (``artifacts/minilm-tweets/{finetune,ensemble}``: every deep-ensemble
-member is trained exactly as the single model, only the seed differs). Each strategy is a
-``compare`` variant of the recipe (see ``toolchain/recipe.py``): its prune, fuse and evaluate stages
-are cached under ``artifacts/minilm-tweets/variants/<name>/`` and shared with the default run.
+the recipe's own stages (``artifacts/<recipe>/{finetune,ensemble}``: every deep-ensemble member is
+trained exactly as the single model, only the seed differs). Each strategy is a ``compare`` variant of
+the recipe (see ``toolchain/recipe.py``): its prune, fuse and evaluate stages are cached under
+``artifacts/<recipe>/variants/<name>/`` and shared with the recipe's run.
 
-Selection uses validation data only: ``val`` tweets and the ``ood_val`` BBC articles that no scoring
-saw (``toolchain.stages.common.selection_ood_rows``: the circuit objective's OOD rows are excluded), all
-disjoint from the test splits. See :func:`select`. The table reports the test splits.
+Selection (``rule.py``, fixed before the run and written into the results header) compares every
+candidate with what a user would deploy instead, the single model and the equal-budget deep ensemble,
+on validation data only: ``val`` rows and the ``ood_val`` rows that no scoring saw
+(``toolchain.stages.common.selection_ood_rows``), all disjoint from the test splits and from the
+near-OOD rows. Eligible: validation accuracy at most 1 point below the single model's; selected: the
+highest ``U = AUROC(MSP) - NLL``. The ensemble gain over a strategy's own members is reported as a
+diagnostic only. The tables report the test splits (far OOD, near OOD) beside the validation numbers.
 
-    python benchmarks/diversity/run.py                       # the full benchmark (~20-40 min on 2 cores)
-    python benchmarks/diversity/run.py --profile quick       # smoke run on the quick profile
+    python benchmarks/diversity/run.py                                         # text (~40-60 min on 2 cores)
+    python benchmarks/diversity/run.py --recipe recipes/vit-fashion-mnist.yaml --out benchmarks/diversity/vit
+    python benchmarks/diversity/run.py --profile quick                         # smoke run on the quick profile
 """
 
 from __future__ import annotations
@@ -63,6 +68,23 @@ STRATEGIES: dict[str, dict] = {
                                  "pruning": {"strategy": "circuit-samples", **RECOVERY}},
 }
 
+#: recovery distilled from the fine-tuned model's soft predictions (a teacher term beside the labels)
+DISTILL = {"recovery": {"steps": 100, "bootstrap": True, "distill": 0.5, "temperature": 2.0}}
+STRATEGIES["partition-core0-distill"] = {"scoring": HIES, "pruning": {"strategy": "partition", "core": 0, **DISTILL}}
+STRATEGIES["circuit-samples-distill"] = {"scoring": {**CIRCUIT, "calib_samples": 64},
+                                         "pruning": {"strategy": "circuit-samples", **DISTILL}}
+
+#: the head budgets tried beside the recipe's own (fraction of heads each member prunes)
+BUDGETS = (0.25, 0.5, 0.75)
+
+
+def budget_strategies(own_ratio: float | None) -> dict[str, dict]:
+    """``partition-core0-recovery`` at the two budgets of :data:`BUDGETS` that are not the recipe's own."""
+    return {f"partition-core0-recovery-prune{round(100 * r)}": {
+        "scoring": HIES, "pruning": {"strategy": "partition", "core": 0, "ratio": r, **RECOVERY}}
+        for r in BUDGETS if own_ratio is None or abs(r - own_ratio) > 1e-9}
+
+
 #: shown beside the strategies but not selectable (none at present)
 EXTRAS: dict[str, dict] = {}
 
@@ -79,7 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recipe", default=str(ROOT / "recipes" / "minilm-tweets.yaml"))
     p.add_argument("--profile", default=None, help="recipe profile, e.g. quick (smoke run)")
     p.add_argument("--only", default=None, help="comma-separated strategy names (default: all)")
-    p.add_argument("--acc-slack", type=float, default=0.01, help="validation accuracy slack of the selection rule")
+    p.add_argument("--acc-slack", type=float, default=0.01,
+                   help="selection rule: validation accuracy at most this far below the single model's")
     p.add_argument("--out", default=str(HERE), help="where results.{md,json} and gain_vs_jaccard.png go")
     return p.parse_args(argv)
 
@@ -88,33 +111,16 @@ def _cell(v: float | None, fmt: str = ".4f") -> str:
     return "-" if v is None or v != v else format(v, fmt)
 
 
-def _pays_off(sel: dict) -> bool:
-    """Validation ensemble gain on NLL and on OOD AUROC (MSP) positive, both 95% intervals above 0."""
-    g = sel.get("gain") or {}
-    return all(k in g and g[k]["ci"][0] > 0 for k in ("nll", "auroc_msp"))
-
-
-def select(rows: dict[str, dict], slack: float) -> tuple[str, str]:
-    """The selection rule (validation data only); returns (name, explanation).
-
-    1. A strategy *qualifies* when its members' diversity pays off on validation data: the ensemble
-       gain (ensemble minus mean member) is positive on NLL and on OOD AUROC (MSP), both paired-
-       bootstrap 95% intervals above 0. When none qualifies, every strategy stays in.
-    2. Among those, the strategies whose validation accuracy is within ``slack`` of the best of them;
-       of these, the highest validation OOD AUROC (MSP), ties broken by lower validation NLL.
-    """
-    sel = {n: r["selection"] for n, r in rows.items() if r.get("selection", {}).get("hydra")}
-    qualified = sorted(n for n, v in sel.items() if _pays_off(v))
-    pool = {n: sel[n]["hydra"] for n in (qualified or sel)}
-    best_acc = max(v["accuracy"] for v in pool.values())
-    eligible = {n: v for n, v in pool.items() if v["accuracy"] >= best_acc - slack}
-    name = max(eligible, key=lambda n: (round(eligible[n].get("auroc_msp", 0.0), 6), -eligible[n]["nll"]))
-    first = ("validation ensemble gain on NLL and OOD AUROC (MSP) both above 0 (95% intervals): "
-             + (", ".join(qualified) if qualified else "none, so every strategy stays in"))
-    why = (f"{first}; of those, validation accuracy within {slack:.3f} of the best ({best_acc:.4f}): "
-           f"{', '.join(sorted(eligible))}; highest validation OOD AUROC (MSP): {name} "
-           f"({eligible[name].get('auroc_msp', float('nan')):.4f})")
-    return name, why
+def _args_text(args: argparse.Namespace) -> str:
+    """The command-line options that differ from the defaults, as typed."""
+    parts = []
+    if Path(args.recipe).resolve() != (ROOT / "recipes" / "minilm-tweets.yaml").resolve():
+        parts.append(f"--recipe {Path(args.recipe).resolve().relative_to(ROOT)}")
+    if args.profile:
+        parts.append(f"--profile {args.profile}")
+    if Path(args.out).resolve() != HERE:
+        parts.append(f"--out {Path(args.out).resolve().relative_to(ROOT)}")
+    return "".join(" " + p for p in parts)
 
 
 def plot(rows: dict[str, dict], path: Path) -> None:
@@ -148,6 +154,7 @@ def plot(rows: dict[str, dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(HERE))
     from rich.console import Console
 
     from toolchain.artifacts import atomic_write_json, atomic_write_text, read_json
@@ -164,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     run_pipeline(ctx, only=["load", "finetune", "ensemble", "score", "prune", "fuse", "evaluate"])
     base = read_json(ctx.stage_dir("evaluate") / "metrics.json")
     base_div = read_json(ctx.stage_dir("evaluate") / "diversity.json")
-    every = {**STRATEGIES, **EXTRAS}
+    strategies = {**STRATEGIES, **budget_strategies(recipe.pruning.ratio)}
+    every = {**strategies, **EXTRAS}
+    base_sel = read_json(ctx.stage_dir("evaluate") / "selection.json")
+    base_ood = read_json(ctx.stage_dir("evaluate") / "ood.json") if (ctx.stage_dir("evaluate") / "ood.json").exists() \
+        else {}
     names = list(every) if args.only is None else args.only.split(",")
     rows: dict[str, dict] = {}
     for name in names:
@@ -177,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         div = read_json(ev / "diversity.json").get("hydra", {})
         rows[name] = {
             "overrides": every[name],
-            "selectable": name in STRATEGIES,
+            "selectable": name in strategies,
+            "ood": read_json(ev / "ood.json") if (ev / "ood.json").exists() else {},
             "metrics": read_json(ev / "metrics.json")["hydra"],
             "members_mean": read_json(ev / "metrics.json")["hydra-members-mean"],
             "selection": read_json(ev / "selection.json"),
@@ -188,36 +200,51 @@ def main(argv: list[str] | None = None) -> int:
             "gain": div.get("gain", {}),
             "size": read_json(sub.stage_dir("fuse") / "summary.json"),
         }
-    chosen, why = select({n: r for n, r in rows.items() if r["selectable"]}, args.acc_slack)
+    from rule import RULE, select
+
+    baselines = {b: base_sel[b] for b in ("single", "deep-ensemble") if b in base_sel}
+    verdict = select({n: r["selection"]["hydra"] for n, r in rows.items() if r["selectable"] and r.get("selection")},
+                     baselines, args.acc_slack)
+    chosen, why = verdict["selected"], verdict["why"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    head = ("| strategy | Jaccard | disagree | KL | " + " | ".join(c for _, c in METRICS) + " | "
+    def near(ood: dict, variant: str) -> str:
+        return _cell((ood.get("near", {}).get("metrics", {}).get(variant) or {}).get("auroc_msp"))
+
+    head = ("| strategy | Jaccard | disagree | KL | " + " | ".join(c for _, c in METRICS) + " | near AUROC MSP | "
             + " | ".join(c for _, c in GAINS) + " | weights MB |")
-    lines = [head, "|---|" + "---:|" * (3 + len(METRICS) + len(GAINS) + 1)]
+    lines = [head, "|---|" + "---:|" * (3 + len(METRICS) + 1 + len(GAINS) + 1)]
     fuse = read_json(ctx.stage_dir("fuse") / "summary.json")
     single_mb = fuse["weight_bytes"]["single"] / 1e6
     de_gain = base_div.get("deep-ensemble", {})
     lines.append("| single model | - | - | - | " + " | ".join(_cell(base["single"].get(k)) for k, _ in METRICS)
-                 + " | " + " | ".join("-" for _ in GAINS) + f" | {single_mb:.1f} |")
+                 + f" | {near(base_ood, 'single')} | " + " | ".join("-" for _ in GAINS) + f" | {single_mb:.1f} |")
     lines.append("| deep ensemble (equal budget) | - | " + _cell(de_gain.get("disagreement", {}).get("mean"), ".3f")
                  + " | " + _cell(de_gain.get("kl", {}).get("mean")) + " | "
-                 + " | ".join(_cell(base["deep-ensemble"].get(k)) for k, _ in METRICS) + " | "
+                 + " | ".join(_cell(base["deep-ensemble"].get(k)) for k, _ in METRICS)
+                 + f" | {near(base_ood, 'deep-ensemble')} | "
                  + " | ".join(gain_cell(de_gain.get("gain", {}).get(k)) for k, _ in GAINS)
                  + f" | {fuse['weight_bytes']['deep_ensemble'] / 1e6:.1f} |")
     for name, r in rows.items():
         mark = " (selected)" if name == chosen else "" if r["selectable"] else " (extra training, not selectable)"
         lines.append(f"| {name}{mark} | {_cell(r['jaccard'], '.3f')} | {_cell(r['disagreement'], '.3f')} | "
-                     f"{_cell(r['kl'])} | " + " | ".join(_cell(r["metrics"].get(k)) for k, _ in METRICS) + " | "
-                     + " | ".join(gain_cell(r["gain"].get(k)) for k, _ in GAINS)
+                     f"{_cell(r['kl'])} | " + " | ".join(_cell(r["metrics"].get(k)) for k, _ in METRICS)
+                     + f" | {near(r['ood'], 'hydra')} | " + " | ".join(gain_cell(r["gain"].get(k)) for k, _ in GAINS)
                      + f" | {r['size']['weight_bytes']['hydra'] / 1e6:.1f} |")
-    vlines = ["| strategy | val acc | val NLL | val AUROC MSP | val gain NLL | val gain AUROC MSP | qualifies |",
-              "|---|---:|---:|---:|---:|---:|---|"]
+    vlines = ["| strategy | val acc | val NLL | val AUROC MSP | U | U - single | U - deep ensemble | eligible | "
+              "diagnostic: gain over members NLL | gain AUROC MSP |", "|---|" + "---:|" * 6 + "---|---:|---:|"]
+    for b, m in baselines.items():
+        vlines.append(f"| {b} (baseline) | {_cell(m.get('accuracy'))} | {_cell(m.get('nll'))} | "
+                      f"{_cell(m.get('auroc_msp'))} | {_cell(verdict['baseline_utility'][b])} | - | - | - | - | - |")
     for name, r in rows.items():
         sel = r.get("selection") or {}
         h, g = sel.get("hydra") or {}, sel.get("gain") or {}
+        mg = verdict["margins"].get(name, {})
+        ok = "yes" if name in verdict["eligible"] else "no" if r["selectable"] else "(not selectable)"
         vlines.append(f"| {name} | {_cell(h.get('accuracy'))} | {_cell(h.get('nll'))} | {_cell(h.get('auroc_msp'))} | "
-                      f"{gain_cell(g.get('nll'))} | {gain_cell(g.get('auroc_msp'))} | "
-                      f"{'yes' if _pays_off(sel) else 'no'}{'' if r['selectable'] else ' (not selectable)'} |")
+                      f"{_cell(verdict['utility'].get(name))} | {_cell(mg.get('single'), '+.4f')} | "
+                      f"{_cell(mg.get('deep-ensemble'), '+.4f')} | {ok} | "
+                      f"{gain_cell(g.get('nll'))} | {gain_cell(g.get('auroc_msp'))} |")
     rows_seen = {n: r["selection"].get("ood_val_rows_seen_by_scoring", 0) for n, r in rows.items()
                  if r.get("selection")}
     ood_rows = next((r["selection"].get("ood_val_rows") for r in rows.values() if r.get("selection")), None)
@@ -230,13 +257,19 @@ def main(argv: list[str] | None = None) -> int:
         lat, label = bench_latency(read_json(bench), fuse.get("lowering", "conv"))
         latency_note = ("Latency of the default recipe's graphs (bench stage, " + label + "): "
                         + ", ".join(f"{k} {v:.2f} ms" for k, v in lat.items())
-                        + ". Every strategy keeps the same head budget; the fused size differs only by the "
-                        "zero-head padding of layers where members keep unequal counts (weights MB column).")
+                        + ". The fused size differs by head budget (prune25/75 rows) and by the zero-head padding "
+                        "of layers where members keep unequal counts (weights MB column).")
     md = "\n".join([
         f"# Member diversity strategies ({recipe.name}, M = {recipe.pruning.members}, "
-        f"{recipe.pruning.keep_rule()}, scope {recipe.pruning.scope}; recovery only in '+ recovery' rows)",
+        f"{recipe.pruning.keep_rule()} unless a row's name says prune25/50/75, scope {recipe.pruning.scope}; "
+        "recovery fine-tuning only in -recovery and -distill rows)",
         "",
-        "Test splits: tweets (ID) and BBC News (OOD test, disjoint from the OOD validation set). Gain = ensemble "
+        f"**Selection rule** (fixed before the run; validation data only): {RULE.format(slack=args.acc_slack)}. "
+        "Inputs: validation accuracy, NLL and OOD AUROC (MSP) of every candidate and of both baselines, below.",
+        "",
+        f"Test splits: {recipe.data.id} (ID test), {recipe.data.ood} (far-OOD test, disjoint from the OOD "
+        "validation set) and, where the recipe has one, the near-OOD rows held out of the ID data "
+        "(`data.near_ood`; no stage but evaluate sees them). Gain = ensemble "
         "minus its mean member (positive = better), 95% paired-bootstrap interval, `*` where it excludes 0; the MI "
         "gain compares the ensemble's MI AUROC with the members' mean MSP AUROC. Jaccard: mean pairwise overlap "
         "of kept heads; disagree: mean fraction of test samples where a member's prediction differs from the "
@@ -244,18 +277,18 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *lines,
         "",
-        "Validation numbers the selection uses (tweets `val`; BBC `ood_val` rows "
+        f"Validation numbers the selection uses ({recipe.data.id} `val`; {recipe.data.ood} `ood_val` rows "
         + (f"{ood_rows[0]}-{ood_rows[1] - 1}" if ood_rows else "-") + ", which no scoring saw"
         + ("" if not any(rows_seen.values()) else
            " except " + ", ".join(f"{n}: {k} rows" for n, k in rows_seen.items() if k)) + "):",
         "",
         *vlines,
         "",
-        f"Selected on validation data: **{chosen}**. Rule: {why}.",
+        f"Selected on validation data: **{chosen or 'none (deploy the single model)'}**: {why}.",
         "",
         latency_note,
         "",
-        f"Command: `python benchmarks/diversity/run.py{' --profile ' + args.profile if args.profile else ''}` "
+        f"Command: `python benchmarks/diversity/run.py{_args_text(args)}` "
         f"({time.time() - t0:.0f} s on {platform.node() or 'this machine'}, {os.cpu_count()} CPUs; cached "
         "stages are reused).",
         "",
@@ -263,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ])
     atomic_write_text(out / "results.md", md)
-    atomic_write_json(out / "results.json", {"recipe": recipe.name, "selected": chosen, "rule": why,
+    atomic_write_json(out / "results.json", {"recipe": recipe.name, "selected": chosen, "why": why,
+                                              "rule": RULE.format(slack=args.acc_slack), "verdict": verdict,
+                                              "baselines_validation": baselines,
                                               "single": base["single"], "deep_ensemble": base["deep-ensemble"],
                                               "deep_ensemble_diversity": de_gain, "strategies": rows})
     print(md)

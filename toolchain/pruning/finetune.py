@@ -4,6 +4,11 @@ AdamW (no weight decay on biases and LayerNorm weights, i.e. parameters with few
 dimensions), a linear schedule (warm up from 0 over ``warmup_ratio * steps``, then linear decay
 to 0 at ``steps``), gradient-norm clipping at 1.0, cross-entropy on ``adapter.logits``.
 
+Distillation (``teacher`` and ``distill`` > 0): each row's loss is ``(1 - distill) * CE(student,
+label) + distill * T^2 * KL(softmax(teacher / T) || softmax(student / T))`` with ``T =
+temperature`` (Hinton et al. 2015; the ``T^2`` keeps the soft term's gradient scale independent
+of ``T``). The teacher's logits are computed without gradients; it stays in eval mode.
+
 Data: ``batches_fn(batch_size, seed)`` returns an iterable of ``(batch dict, labels)`` for one
 pass over the training data in an order drawn from ``seed``. The loop calls it with
 ``seed * 1_000_003 + epoch`` for epoch 0, 1, ... until ``steps`` optimizer steps are done. The
@@ -80,8 +85,11 @@ def finetune(
     log_every: int = 0,
     process_group: Any = None,
     desc: str = "finetune",
+    teacher: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None,
+    distill: float = 0.0,
+    temperature: float = 2.0,
 ) -> dict[str, list[float]]:
-    """Fine-tune ``model`` (in place) with cross-entropy on ``adapter.logits``.
+    """Fine-tune ``model`` (in place) with cross-entropy on ``adapter.logits`` (and a teacher term).
 
     Args:
         model: the module to train (``adapter.model``, or the model the adapter wraps).
@@ -99,6 +107,10 @@ def finetune(
         process_group: a ``torch.distributed`` group of the ranks that train this model together
             (data parallel, see the module docstring); None or a group of one rank: train alone.
         desc: what the progress display calls this run (e.g. ``deep-ensemble member 2/2``).
+        teacher: ``batch -> logits`` of a teacher model (e.g. the unpruned fine-tuned model), for
+            distillation; required when ``distill > 0``.
+        distill: weight of the teacher term, in ``[0, 1]`` (0: labels only).
+        temperature: softening temperature of the teacher term, > 0.
 
     Returns:
         ``{"losses": [per-step training loss], "lrs": [per-step learning rate]}``.
@@ -114,6 +126,11 @@ def finetune(
         grad_clip = check_float("grad_clip", grad_clip, lo=0.0, lo_open=True)
     if adapter.model is not model:
         raise ValueError("adapter must wrap model (adapter.model is not the model given)")
+    distill = check_float("distill", distill, lo=0.0, hi=1.0)
+    temperature = check_float("temperature", temperature, lo=0.0, lo_open=True)
+    if distill > 0 and teacher is None:
+        raise ValueError("distill > 0 needs a teacher (batch -> logits)")
+    loss_fn = _LossFn(teacher if distill > 0 else None, distill, temperature)
 
     warmup = int(warmup_ratio * steps)
 
@@ -128,7 +145,7 @@ def finetune(
             return _finetune_data_parallel(
                 model, adapter, batches_fn, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
                 weight_decay=weight_decay, schedule=schedule, progress=progress, grad_clip=grad_clip,
-                log_every=log_every, group=process_group, desc=desc,
+                log_every=log_every, group=process_group, desc=desc, loss_fn=loss_fn,
             )
     opt = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
@@ -137,7 +154,8 @@ def finetune(
     bar = progress_display(steps, desc, enabled=progress)
     def step_loss(batch: Any, labels: Any) -> float:
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(adapter.logits(batch).float(), torch.as_tensor(labels, dtype=torch.long))
+        labels = torch.as_tensor(labels, dtype=torch.long)
+        loss = loss_fn(adapter.logits(batch), labels, batch).sum() / labels.shape[0]
         loss.backward()
         return float(loss.detach())
 
@@ -147,6 +165,25 @@ def finetune(
                     seed=seed, grad_clip=grad_clip, log_every=log_every, losses=losses, lrs=lrs)
     log.info("finetune: %d steps, loss %.4f -> %.4f", steps, losses[0], losses[-1])
     return {"losses": losses, "lrs": lrs}
+
+
+class _LossFn:
+    """Per-row training loss: cross-entropy, or its mix with a teacher term (module docstring)."""
+
+    def __init__(self, teacher: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None, distill: float,
+                 temperature: float) -> None:
+        self.teacher, self.distill, self.temperature = teacher, distill, temperature
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = logits.float()
+        ce = F.cross_entropy(logits, labels.to(logits.device), reduction="none")
+        if self.teacher is None:
+            return ce
+        with torch.no_grad():
+            soft = F.log_softmax(self.teacher(batch).float() / self.temperature, dim=-1)
+        t = self.temperature
+        kl = F.kl_div(F.log_softmax(logits / t, dim=-1), soft, log_target=True, reduction="none").sum(-1)
+        return (1.0 - self.distill) * ce + self.distill * t * t * kl
 
 
 def _train_loop(model: nn.Module, batches_fn: BatchesFn, step_loss: Callable[[Any, Any], float], *, opt: Any,
@@ -235,8 +272,10 @@ def _finetune_data_parallel(
     log_every: int,
     group: Any,
     desc: str = "finetune",
+    loss_fn: _LossFn | None = None,
 ) -> dict[str, list[float]]:
     """:func:`finetune` with each step's batch split over the ranks of ``group`` (module docstring)."""
+    loss_fn = loss_fn or _LossFn(None, 0.0, 1.0)
     import torch.distributed as tdist
 
     me, size = dist.rank(group), dist.world_size(group)
@@ -255,9 +294,8 @@ def _finetune_data_parallel(
         opt.zero_grad(set_to_none=True)
         part = 0.0
         if rows.numel():
-            logits = adapter.logits(_rows(batch, n, rows))
-            y = labels.index_select(0, rows).to(logits.device)
-            loss = F.cross_entropy(logits.float(), y, reduction="sum") / n
+            mine = _rows(batch, n, rows)
+            loss = loss_fn(adapter.logits(mine), labels.index_select(0, rows), mine).sum() / n
             loss.backward()
             part = float(loss.detach())
         return _sync_gradients(params, part, group)

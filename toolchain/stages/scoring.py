@@ -104,6 +104,8 @@ def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch
     jobs = dist.assign(len(masks))  # under torchrun: members spread over the ranks, rank 0 saves
     grouped = ctx.recipe.finetune.group_by_length
     local: dict[int, Any] = {}
+    adapter.model.eval()  # the fine-tuned, unpruned model: the teacher of recovery.distill
+    teacher = adapter.logits if rec.distill > 0 else None
     for i in jobs.items:
         keep = masks[i]
         pruned = adapter.prune(keep)
@@ -118,10 +120,13 @@ def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch
             idx = np.sort(np.random.default_rng(seed).integers(0, len(train), size=len(train)))
             part = train.subset(idx)
         ctx.console.print(f"  recovery fine-tuning of member {i}: {rec.steps} steps (seed {seed}"
-                          + (", bootstrap of the training split)" if rec.bootstrap else ")"))
+                          + (", bootstrap of the training split" if rec.bootstrap else "")
+                          + (f", distilled from the fine-tuned model: weight {rec.distill}, T {rec.temperature}"
+                             if rec.distill > 0 else "") + ")")
         finetune(pruned, pa, lambda bs, s, part=part: ctx.batches(part, bs, tok, seed=s, group_by_length=grouped),
                  steps=rec.steps, lr=rec.lr, batch_size=rec.batch_size, seed=seed, progress=ctx.progress,
-                 process_group=jobs.group, desc=f"recovery of member {i}")
+                 process_group=jobs.group, desc=f"recovery of member {i}",
+                 teacher=teacher, distill=rec.distill, temperature=rec.temperature)
         if jobs.leads(i):
             local[i] = pruned if not dist.enabled() else pruned.state_dict()
     results = dist.gather_results(jobs, local)

@@ -1,0 +1,76 @@
+"""The selection rule of the diversity benchmarks: what a user gains over what they would deploy instead.
+
+Fixed before any run, and applied to validation data only (``val`` rows and the ``ood_val`` rows that no
+scoring saw, see ``toolchain.stages.common.selection_ood_rows``). The baselines are what a user would
+deploy instead of Hydra: the single fine-tuned model and the equal-budget deep ensemble, scored on the
+same validation rows (``selection.json`` of the recipe's ``evaluate`` stage).
+
+1. **Eligible**: validation accuracy at most ``slack`` (1 point) below the single model's.
+2. **Utility**: ``U = validation OOD AUROC (MSP) - validation NLL``; one number that rewards a better
+   detector and a better-calibrated, more accurate predictive distribution in equal units of the two
+   metrics (both move by hundredths between strategies here).
+3. **Selected**: the eligible candidate with the highest ``U`` (ties: lower NLL, then name). Its margins
+   ``U(candidate) - U(baseline)`` say whether it beats the single model and the deep ensemble; when no
+   candidate is eligible, nothing is selected and the verdict is to deploy the single model.
+
+The ensemble gain over a candidate's own members is *not* part of the rule; the benchmark reports it as a
+diagnostic.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: the rule, as written into every results header
+RULE = ("eligible: validation accuracy >= single model's - {slack:.2f}; utility U = validation OOD AUROC (MSP) - "
+        "validation NLL; selected: the eligible candidate with the highest U (ties: lower NLL); margins "
+        "U(candidate) - U(baseline) against the single model and the equal-budget deep ensemble on the same rows")
+
+
+def utility(metrics: dict[str, float]) -> float:
+    """``AUROC(MSP) - NLL`` of one model's validation metrics (NaN when either is missing)."""
+    a, n = metrics.get("auroc_msp"), metrics.get("nll")
+    return float("nan") if a is None or n is None else float(a) - float(n)
+
+
+def select(candidates: dict[str, dict[str, float]], baselines: dict[str, dict[str, float]],
+           slack: float = 0.01) -> dict[str, Any]:
+    """Apply the rule (module doc).
+
+    Args:
+        candidates: name -> validation metrics (``accuracy``, ``nll``, ``auroc_msp``) of each Hydra strategy.
+        baselines: ``"single"`` (required) and optionally ``"deep-ensemble"`` -> their validation metrics.
+        slack: accuracy slack below the single model.
+
+    Returns:
+        ``{"selected": name or None, "eligible": [names], "utility": {name: U}, "margins": {name: {baseline:
+        U(name) - U(baseline)}}, "beats": {baseline: bool} for the selected one, "why": str}``.
+
+    Raises:
+        ValueError: no single-model baseline, or a candidate without accuracy, NLL or AUROC.
+    """
+    if "single" not in baselines:
+        raise ValueError("select: the single model's validation metrics are required (baselines['single'])")
+    for name, m in candidates.items():
+        missing = [k for k in ("accuracy", "nll", "auroc_msp") if k not in m]
+        if missing:
+            raise ValueError(f"select: candidate '{name}' lacks validation {', '.join(missing)}")
+    floor = float(baselines["single"]["accuracy"]) - slack
+    util = {n: utility(m) for n, m in candidates.items()}
+    base_util = {b: utility(m) for b, m in baselines.items()}
+    margins = {n: {b: util[n] - u for b, u in base_util.items()} for n in candidates}
+    eligible = sorted(n for n, m in candidates.items() if float(m["accuracy"]) >= floor and not math.isnan(util[n]))
+    # U rounded to 1e-6 so that float noise does not break a tie that the lower NLL should break
+    chosen = (max(eligible, key=lambda n: (round(util[n], 6), -float(candidates[n]["nll"]), n)) if eligible else None)
+    beats = {b: margins[chosen][b] > 0 for b in baselines} if chosen else {}
+    if chosen is None:
+        why = (f"no candidate reaches validation accuracy {floor:.4f} (single {baselines['single']['accuracy']:.4f} "
+               f"- {slack:.2f}): deploy the single model")
+    else:
+        versus = ", ".join(f"{'beats' if beats[b] else 'does not beat'} {b} (U margin {margins[chosen][b]:+.4f})"
+                           for b in baselines)
+        why = (f"eligible (validation accuracy >= {floor:.4f}): {', '.join(eligible)}; highest U = AUROC(MSP) - NLL: "
+               f"{chosen} ({util[chosen]:+.4f}); it {versus}")
+    return {"selected": chosen, "eligible": eligible, "utility": util, "baseline_utility": base_util,
+            "margins": margins, "beats": beats, "why": why}

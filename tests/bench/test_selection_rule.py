@@ -1,0 +1,75 @@
+"""benchmarks/diversity/rule.py: the selection rule against the baselines a user would deploy instead."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+RULE = Path(__file__).resolve().parents[2] / "benchmarks" / "diversity" / "rule.py"
+
+
+@pytest.fixture(scope="module")
+def rule():
+    spec = importlib.util.spec_from_file_location("diversity_rule", RULE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SINGLE = {"accuracy": 0.740, "nll": 0.600, "auroc_msp": 0.720}
+DEEP = {"accuracy": 0.760, "nll": 0.585, "auroc_msp": 0.740}
+
+
+def test_the_highest_utility_among_accurate_enough_candidates_wins(rule):
+    candidates = {
+        "sharp-but-inaccurate": {"accuracy": 0.700, "nll": 0.650, "auroc_msp": 0.900},  # 4 points below single
+        "good-detector": {"accuracy": 0.735, "nll": 0.610, "auroc_msp": 0.780},        # U +0.170
+        "well-calibrated": {"accuracy": 0.750, "nll": 0.590, "auroc_msp": 0.740},      # U +0.150
+    }
+    out = rule.select(candidates, {"single": SINGLE, "deep-ensemble": DEEP})
+    assert out["eligible"] == ["good-detector", "well-calibrated"]  # 0.735 >= 0.740 - 0.01; 0.700 is not
+    assert out["selected"] == "good-detector"
+    assert out["utility"]["good-detector"] == pytest.approx(0.780 - 0.610)
+    assert out["margins"]["good-detector"]["single"] == pytest.approx(0.170 - 0.120)
+    assert out["margins"]["good-detector"]["deep-ensemble"] == pytest.approx(0.170 - 0.155)
+    assert out["beats"] == {"single": True, "deep-ensemble": True}
+    assert "beats single" in out["why"] and "beats deep-ensemble" in out["why"]
+
+
+def test_the_gain_over_members_plays_no_part_and_losing_to_a_baseline_is_said(rule):
+    # a candidate that beats the single model but not the deep ensemble is still selected, and the verdict says so
+    candidates = {"a": {"accuracy": 0.745, "nll": 0.600, "auroc_msp": 0.740, "gain": {"nll": -1.0}},
+                  "b": {"accuracy": 0.745, "nll": 0.620, "auroc_msp": 0.745}}
+    out = rule.select(candidates, {"single": SINGLE, "deep-ensemble": DEEP})
+    assert out["selected"] == "a" and out["beats"] == {"single": True, "deep-ensemble": False}
+    assert "does not beat deep-ensemble" in out["why"]
+
+
+def test_slack_ties_and_no_eligible_candidate(rule):
+    tie = {"x": {"accuracy": 0.74, "nll": 0.70, "auroc_msp": 0.80},
+           "y": {"accuracy": 0.74, "nll": 0.60, "auroc_msp": 0.70}}
+    assert rule.select(tie, {"single": SINGLE})["selected"] == "y"  # equal U: the lower NLL
+    poor = {"z": {"accuracy": 0.70, "nll": 0.5, "auroc_msp": 0.9}}
+    out = rule.select(poor, {"single": SINGLE})
+    assert out["selected"] is None and out["beats"] == {} and "deploy the single model" in out["why"]
+    assert rule.select(poor, {"single": SINGLE}, slack=0.05)["selected"] == "z"
+
+
+def test_bad_inputs_name_what_is_missing(rule):
+    with pytest.raises(ValueError, match="single model"):
+        rule.select({"x": SINGLE}, {"deep-ensemble": DEEP})
+    with pytest.raises(ValueError, match="candidate 'x' lacks validation auroc_msp"):
+        rule.select({"x": {"accuracy": 0.7, "nll": 0.6}}, {"single": SINGLE})
+
+
+def test_budget_candidates_are_the_two_other_budgets():
+    spec = importlib.util.spec_from_file_location("diversity_run", RULE.with_name("run.py"))
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    name = "partition-core0-recovery-prune{}".format
+    assert sorted(run.budget_strategies(0.5)) == [name(25), name(75)]
+    assert sorted(run.budget_strategies(0.25)) == [name(50), name(75)]
+    assert run.budget_strategies(0.5)["partition-core0-recovery-prune75"]["pruning"]["ratio"] == 0.75
+    assert run.STRATEGIES["partition-core0-distill"]["pruning"]["recovery"]["distill"] == 0.5
