@@ -9,7 +9,8 @@ same validation rows (``selection.json`` of the recipe's ``evaluate`` stage).
 2. **Utility**: ``U = validation OOD AUROC (MSP) - validation NLL``; one number that rewards a better
    detector and a better-calibrated, more accurate predictive distribution in equal units of the two
    metrics (both move by hundredths between strategies here).
-3. **Selected**: the eligible candidate with the highest ``U`` (ties: lower NLL, then name). Its margins
+3. **Selected**: the eligible candidate with the highest ``U`` (ties within 1e-9: lower NLL, then the
+   first name in sorted order). Its margins
    ``U(candidate) - U(baseline)`` say whether it beats the single model and the deep ensemble; when no
    candidate is eligible, nothing is selected and the verdict is to deploy the single model.
 
@@ -56,21 +57,25 @@ def select(candidates: dict[str, dict[str, float]], baselines: dict[str, dict[st
         missing = [k for k in ("accuracy", "nll", "auroc_msp") if k not in m]
         if missing:
             raise ValueError(f"select: candidate '{name}' lacks validation {', '.join(missing)}")
-    floor = float(baselines["single"]["accuracy"]) - slack
+    shown = float(baselines["single"]["accuracy"]) - slack
+    floor = shown - 1e-9  # exactly `slack` below the single model is in, whatever the float rounding
     util = {n: utility(m) for n, m in candidates.items()}
     base_util = {b: utility(m) for b, m in baselines.items()}
     margins = {n: {b: util[n] - u for b, u in base_util.items()} for n in candidates}
     eligible = sorted(n for n, m in candidates.items() if float(m["accuracy"]) >= floor and not math.isnan(util[n]))
-    # U rounded to 1e-6 so that float noise does not break a tie that the lower NLL should break
-    chosen = (max(eligible, key=lambda n: (round(util[n], 6), -float(candidates[n]["nll"]), n)) if eligible else None)
+    chosen = None
+    for n in eligible:  # the highest U; within 1e-9 of it (float noise), the lower NLL, then the first name
+        if chosen is None or util[n] > util[chosen] + 1e-9 or (
+                abs(util[n] - util[chosen]) <= 1e-9 and float(candidates[n]["nll"]) < float(candidates[chosen]["nll"])):
+            chosen = n
     beats = {b: margins[chosen][b] > 0 for b in baselines} if chosen else {}
     if chosen is None:
-        why = (f"no candidate reaches validation accuracy {floor:.4f} (single {baselines['single']['accuracy']:.4f} "
+        why = (f"no candidate reaches validation accuracy {shown:.4f} (single {baselines['single']['accuracy']:.4f} "
                f"- {slack:.2f}): deploy the single model")
     else:
         versus = ", ".join(f"{'beats' if beats[b] else 'does not beat'} {b} (U margin {margins[chosen][b]:+.4f})"
                            for b in baselines)
-        why = (f"eligible (validation accuracy >= {floor:.4f}): {', '.join(eligible)}; highest U = AUROC(MSP) - NLL: "
+        why = (f"eligible (validation accuracy >= {shown:.4f}): {', '.join(eligible)}; highest U = AUROC(MSP) - NLL: "
                f"{chosen} ({util[chosen]:+.4f}); it {versus}")
     return {"selected": chosen, "eligible": eligible, "utility": util, "baseline_utility": base_util,
             "margins": margins, "beats": beats, "why": why}

@@ -41,10 +41,10 @@ HIES = {"criterion": "hies", "objective": "loss", "calib_samples": 128}
 CIRCUIT = {"criterion": "circuit", "objective": "ood_auroc"}
 
 #: no recovery fine-tune, spelled out so the table does not move with the default recipe's own choice
-NO_RECOVERY = {"recovery": {"steps": 0}}
+NO_RECOVERY = {"recovery": {"steps": 0, "distill": 0.0}}
 #: recovery: 100 fine-tuning steps per pruned member (its own seed, data order and bootstrap of the training
 #: split) before fusion; 3 x 100 steps, half of what the deep ensemble's two extra members train
-RECOVERY = {"recovery": {"steps": 100, "bootstrap": True}}
+RECOVERY = {"recovery": {"steps": 100, "bootstrap": True, "distill": 0.0}}
 
 #: the strategies compared (name -> recipe overrides); every one keeps the default recipe's budget
 STRATEGIES: dict[str, dict] = {
@@ -115,11 +115,11 @@ def _args_text(args: argparse.Namespace) -> str:
     """The command-line options that differ from the defaults, as typed."""
     parts = []
     if Path(args.recipe).resolve() != (ROOT / "recipes" / "minilm-tweets.yaml").resolve():
-        parts.append(f"--recipe {Path(args.recipe).resolve().relative_to(ROOT)}")
+        parts.append(f"--recipe {os.path.relpath(Path(args.recipe).resolve(), ROOT)}")
     if args.profile:
         parts.append(f"--profile {args.profile}")
     if Path(args.out).resolve() != HERE:
-        parts.append(f"--out {Path(args.out).resolve().relative_to(ROOT)}")
+        parts.append(f"--out {os.path.relpath(Path(args.out).resolve(), ROOT)}")
     return "".join(" " + p for p in parts)
 
 
@@ -165,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console(stderr=True)
     recipe = load_recipe(args.recipe, profile=args.profile)
+    if not recipe.data.ood:
+        console.print(f"error: recipe {args.recipe} has no data.ood: the selection rule needs validation OOD "
+                      "AUROC (an ood_val split)")
+        return 2
     ctx = Context(recipe=recipe, console=console)
     t0 = time.time()
     # the default recipe's own stages (cached when `hydra-toolchain run` has run): base, deep ensemble, its Hydra

@@ -55,6 +55,10 @@ def test_slack_ties_and_no_eligible_candidate(rule):
     out = rule.select(poor, {"single": SINGLE})
     assert out["selected"] is None and out["beats"] == {} and "deploy the single model" in out["why"]
     assert rule.select(poor, {"single": SINGLE}, slack=0.05)["selected"] == "z"
+    exactly = {"w": {"accuracy": 0.73, "nll": 0.6, "auroc_msp": 0.7}}  # 0.74 - 0.01 in floats is 0.7299999...
+    assert rule.select(exactly, {"single": SINGLE})["selected"] == "w"
+    same = {n: {"accuracy": 0.74, "nll": 0.6, "auroc_msp": 0.7} for n in ("q", "p")}
+    assert rule.select(same, {"single": SINGLE})["selected"] == "p"  # a full tie: the first name
 
 
 def test_bad_inputs_name_what_is_missing(rule):
