@@ -82,7 +82,7 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path, browser_dom):
     compare = json.loads((art / "compare" / "compare.json").read_text())
     assert {k: v["criterion"] for k, v in compare.items()} == {"hies": "hies", "taylor": "taylor", "circuit": "circuit"}
     members_json = json.loads((art / "prune" / "members.json").read_text())
-    assert (members_json["criterion"], members_json["strategy"]) == ("hies", "partition")
+    assert (members_json["criterion"], members_json["strategy"]) == ("circuit", "circuit-samples")
     assert all((art / "prune" / f"member{i}").is_dir() for i in range(2))  # recovery fine-tuned members
     # validation numbers for model selection: ood_val rows the circuit objective never saw, gains with intervals
     selection = json.loads((art / "evaluate" / "selection.json").read_text())
