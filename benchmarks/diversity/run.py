@@ -85,6 +85,11 @@ def budget_strategies(own_ratio: float | None) -> dict[str, dict]:
         for r in BUDGETS if own_ratio is None or abs(r - own_ratio) > 1e-9}
 
 
+def candidates(own_ratio: float | None) -> dict[str, dict]:
+    """Every selectable strategy: :data:`STRATEGIES` and the budget rows (all three when ``own_ratio`` is None)."""
+    return {**STRATEGIES, **budget_strategies(own_ratio)}
+
+
 #: shown beside the strategies but not selectable (none at present)
 EXTRAS: dict[str, dict] = {}
 
@@ -175,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     run_pipeline(ctx, only=["load", "finetune", "ensemble", "score", "prune", "fuse", "evaluate"])
     base = read_json(ctx.stage_dir("evaluate") / "metrics.json")
     base_div = read_json(ctx.stage_dir("evaluate") / "diversity.json")
-    strategies = {**STRATEGIES, **budget_strategies(recipe.pruning.ratio)}
+    strategies = candidates(recipe.pruning.ratio)
     every = {**strategies, **EXTRAS}
     base_sel = read_json(ctx.stage_dir("evaluate") / "selection.json")
     base_ood = read_json(ctx.stage_dir("evaluate") / "ood.json") if (ctx.stage_dir("evaluate") / "ood.json").exists() \

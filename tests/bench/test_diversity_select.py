@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -14,7 +16,7 @@ def test_every_strategy_spells_out_its_scoring_and_recovery(diversity_run):
     from toolchain.recipe import CompareEntry, load_recipe
 
     recipe = load_recipe(ROOT / "recipes" / "minilm-tweets.yaml")
-    every = {**diversity_run.STRATEGIES, **diversity_run.budget_strategies(recipe.pruning.ratio)}
+    every = diversity_run.candidates(recipe.pruning.ratio)
     for name, over in every.items():
         assert "criterion" in over["scoring"], name
         steps = over["pruning"]["recovery"]["steps"]
@@ -25,28 +27,19 @@ def test_every_strategy_spells_out_its_scoring_and_recovery(diversity_run):
         assert variant.pruning.recovery.steps == steps and variant.scoring.criterion == over["scoring"]["criterion"]
 
 
-def test_the_default_recipe_builds_the_strategy_the_benchmark_selected(diversity_run):
-    """The committed results name the selected strategy; the default recipe's Hydra must be exactly it."""
+@pytest.mark.parametrize(("recipe_file", "results"), [
+    ("minilm-tweets.yaml", "benchmarks/diversity/results.json"),
+    ("vit-fashion-mnist.yaml", "benchmarks/diversity/vit/results.json"),
+])
+def test_the_recipe_builds_the_strategy_its_benchmark_selected(diversity_run, recipe_file, results):
+    """The committed results name the selected strategy; the recipe's Hydra must be exactly it."""
     import json
 
     from toolchain.recipe import CompareEntry, load_recipe
 
-    selected = json.loads((ROOT / "benchmarks" / "diversity" / "results.json").read_text())["selected"]
-    recipe = load_recipe(ROOT / "recipes" / "minilm-tweets.yaml")
-    every = {**diversity_run.STRATEGIES, **diversity_run.budget_strategies(None)}  # a budget row may win
-    variant = recipe.variant(CompareEntry(name=selected, **every[selected]))
-    for section in ("model", "data", "finetune", "scoring", "pruning"):
-        assert variant.digest(section) == recipe.digest(section), (selected, section)
-
-
-def test_the_vit_recipe_builds_the_strategy_its_benchmark_selected(diversity_run):
-    import json
-
-    from toolchain.recipe import CompareEntry, load_recipe
-
-    selected = json.loads((ROOT / "benchmarks" / "diversity" / "vit" / "results.json").read_text())["selected"]
-    recipe = load_recipe(ROOT / "recipes" / "vit-fashion-mnist.yaml")
-    every = {**diversity_run.STRATEGIES, **diversity_run.budget_strategies(None)}  # a budget row may win
+    selected = json.loads((ROOT / results).read_text())["selected"]
+    recipe = load_recipe(ROOT / "recipes" / recipe_file)
+    every = diversity_run.candidates(None)  # all three budget rows: a budget row may have won
     variant = recipe.variant(CompareEntry(name=selected, **every[selected]))
     for section in ("model", "data", "finetune", "scoring", "pruning"):
         assert variant.digest(section) == recipe.digest(section), (selected, section)
