@@ -29,3 +29,9 @@ def diversity_run():
 def diversity_heldout():
     """``benchmarks/diversity/heldout.py``."""
     return _script("benchmarks/diversity/heldout.py", "diversity_heldout")
+
+
+@pytest.fixture(scope="session")
+def parity_eval_size():
+    """``benchmarks/parity_tolerances/eval_size.py``."""
+    return _script("benchmarks/parity_tolerances/eval_size.py", "parity_eval_size")

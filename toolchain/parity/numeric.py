@@ -91,6 +91,7 @@ class OutputComparison:
     argmax_agreement: float | None = None
     argmax_rows: int = 0
     rule_value: float = math.nan
+    max_normalised_error: float = math.nan
     worst: dict[str, Any] | None = None
     nonfinite: dict[str, Any] | None = None
     per_feed: list[dict[str, Any]] = field(default_factory=list)
@@ -110,7 +111,8 @@ class OutputComparison:
         agree = "n/a" if self.argmax_agreement is None else f"{self.argmax_agreement:.4f} of {self.argmax_rows} rows"
         return (f"{head}. max|c-r| {self.max_abs_err:.3g}, mean|c-r| {self.mean_abs_err:.3g}, "
                 f"max rel {self.max_rel_err:.3g}, cosine {self.cosine:.6f}, argmax agreement {agree}, "
-                f"rule {self.tolerance.describe()} -> {self.rule_value:.3g}")
+                f"rule {self.tolerance.describe()} -> {self.rule_value:.3g}"
+                + ("" if self.tolerance.stat == "max" else f" (max {self.max_normalised_error:.3g})"))
 
 
 def _fmt_index(index: Sequence[int]) -> str:
@@ -166,6 +168,7 @@ def compare_output(
     result.elements = int(ref_flat.size)
     rule = evaluate_rule(cand_flat, ref_flat, tol)
     result.rule_value = rule.value
+    result.max_normalised_error = rule.max_value
     with np.errstate(invalid="ignore"):
         abs_err = np.abs(cand_flat - ref_flat)
         finite_err = abs_err[np.isfinite(abs_err)]
@@ -197,9 +200,15 @@ def compare_output(
             w = result.worst
             where = (f"; worst at feed {w['feed']} index {_fmt_index(w['index'])}: ref {w['reference']:.6g}, "
                      f"cand {w['candidate']:.6g}")
-        result.reasons.append(f"{tol.stat_name} normalised error {rule.value:.3g} > 1 (rule |c-r| <= {tol.atol:g} + "
-                              f"{tol.rtol:g}*|r|, {tol.stat_name} over {result.elements} elements; "
-                              f"max|c-r| {result.max_abs_err:.3g}{where})")
+        if rule.over_max_limit:
+            result.reasons.append(f"max normalised error {rule.max_value:.3g} > max_limit {tol.max_limit:g} (no "
+                                  f"element may be further than {tol.max_limit:g}x the rule |c-r| <= {tol.atol:g} + "
+                                  f"{tol.rtol:g}*|r|, whose {tol.stat_name} over {result.elements} elements is "
+                                  f"{rule.value:.3g}; max|c-r| {result.max_abs_err:.3g}{where})")
+        else:
+            result.reasons.append(f"{tol.stat_name} normalised error {rule.value:.3g} > 1 (rule |c-r| <= {tol.atol:g} "
+                                  f"+ {tol.rtol:g}*|r|, {tol.stat_name} over {result.elements} elements; "
+                                  f"max|c-r| {result.max_abs_err:.3g}{where})")
     if tol.min_argmax_agreement is not None and result.argmax_agreement is not None \
             and result.argmax_agreement < tol.min_argmax_agreement:
         result.reasons.append(f"argmax agreement {result.argmax_agreement:.4f} < {tol.min_argmax_agreement:g} "

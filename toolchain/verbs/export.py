@@ -123,7 +123,7 @@ def validate_precision(path: Path, module: torch.nn.Module, feed: Mapping[str, t
             continue
         rule = evaluate_rule(np.asarray(got[out], dtype=np.float32), ref, resolve_tolerance(tols, out))
         checks[out] = {"passed": bool(rule.passed), "normalised_error": float(rule.value),
-                       "nonfinite": rule.nonfinite is not None}
+                       "max_normalised_error": float(rule.max_value), "nonfinite": rule.nonfinite is not None}
     return {"engine": name, "ok": all(c["passed"] for c in checks.values()), "outputs": checks}
 
 
