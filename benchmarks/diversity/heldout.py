@@ -1,19 +1,31 @@
-"""The default recipe's ensemble gain, measured again on a larger held-out test set.
+"""A recipe's Hydra, deep ensemble and single model, measured again on held-out rows.
 
-The recipe's test splits (1,000 tweets, 500 BBC News articles) resolve an OOD-AUROC gain to about
-+-0.006, about the size of the gains being measured. This script evaluates the default recipe's
-own models - the cached stages of ``hydra-toolchain run``: the fine-tuned model (= deep-ensemble
-member 0), the deep ensemble and the fused Hydra - on rows that no split of the recipe uses: up to
-``--id-rows`` tweets and every BBC article left over, less any row whose text also appears in a
-recipe split (the data sets hold duplicates) or earlier in the held-out set. The held-out rows are
-carved by the recipe's own seeded splitter as one more split after the recipe's, so the recipe's
-splits come out unchanged (checked).
+The recipes' test splits (1,000 tweets and 500 BBC News articles; 2,000 Fashion-MNIST and 1,000
+digits images) resolve an OOD-AUROC difference to about +-0.01, about the size of the differences
+being measured. This script evaluates a recipe's own models - the cached stages of
+``hydra-toolchain run``: the fine-tuned model (= deep-ensemble member 0), the deep ensemble and
+the fused Hydra - on rows that no split of the recipe uses, for every shift kind the recipe has:
+
+* in distribution: up to ``--id-rows`` rows of the ID data set after the recipe's splits;
+* far OOD: every row of the OOD data set after the recipe's OOD splits;
+* near OOD (recipes with ``data.near_ood``): up to ``--near-rows`` of the held-out classes' or
+  matched rows that the recipe's ``near_ood_test`` rows leave, in a seeded order.
+
+Every held-out row whose text (whitespace-normalised) or image bytes also appear in a recipe split
+or earlier in the held-out set is dropped (the data sets hold duplicates;
+:func:`toolchain.data.overlap.row_keys`). The ID and far-OOD rows are carved by the recipe's own
+seeded splitter as one more split after the recipe's, so the recipe's splits come out unchanged
+(checked). Reported: each model's metrics, Hydra minus single and minus deep ensemble with 95%
+paired-bootstrap intervals (ID accuracy, NLL, ECE, Brier; far and near OOD AUROC on MSP, entropy
+and MI; the evaluate stage's functions), and each ensemble's gain over its own members.
 
 Nothing here selects or tunes anything: the member strategy was chosen on validation data by
-``run.py`` before this ran, and the stages' cache keys are checked against the recipe.
+``run.py`` (``run.py --recipe recipes/vit-fashion-mnist.yaml`` for images) before this ran, and
+the stages' cache keys are checked against the recipe.
 
     hydra-toolchain run recipes/minilm-tweets.yaml      # first (or reuse its artifacts)
-    python benchmarks/diversity/heldout.py               # ~3-5 min on 2 cores
+    python benchmarks/diversity/heldout.py               # -> results-heldout.{md,json} here
+    python benchmarks/diversity/heldout.py --recipe recipes/vit-fashion-mnist.yaml --out benchmarks/diversity/vit
 """
 
 from __future__ import annotations
@@ -39,6 +51,10 @@ GAIN_KEYS = [("nll", "NLL"), ("auroc_msp", "AUROC MSP"), ("auroc_entropy", "AURO
              ("ece", "ECE")]
 METRIC_KEYS = [("accuracy", "acc"), ("nll", "NLL"), ("ece", "ECE"), ("brier", "Brier"), ("auroc_msp", "AUROC MSP"),
                ("aupr_msp", "AUPR MSP"), ("fpr95_msp", "FPR95 MSP"), ("auroc_mi", "AUROC MI")]
+ID_DIFF_KEYS = [("accuracy", "acc"), ("nll", "NLL"), ("ece", "ECE"), ("brier", "Brier")]
+OOD_DIFF_KEYS = [("auroc_msp", "AUROC MSP"), ("auroc_entropy", "AUROC entropy"), ("auroc_mi", "AUROC MI")]
+#: held-out part -> the evaluate stage's split name (so :func:`toolchain.stages.evaluate.ood_report` reads it)
+AS_SPLIT = {"heldout": "test", "ood_heldout": "ood_test", "near_ood_heldout": "near_ood_test"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,43 +62,74 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recipe", default=str(ROOT / "recipes" / "minilm-tweets.yaml"))
     p.add_argument("--profile", default=None, help="recipe profile, e.g. quick (smoke run)")
     p.add_argument("--id-rows", type=int, default=10_000, help="held-out in-distribution rows (at most)")
+    p.add_argument("--near-rows", type=int, default=10_000, help="held-out near-OOD rows (at most)")
     p.add_argument("--out", default=str(HERE), help="where results-heldout.{md,json} go")
     return p.parse_args(argv)
 
 
-def _fresh_rows(part: Any, taken: set[str]) -> tuple[list[int], int]:
-    """Rows of ``part`` whose text is not in ``taken`` nor earlier in ``part``; and how many were dropped."""
-    keep, seen = [], set(taken)
-    for i, text in enumerate(part.texts):
-        if text not in seen:
-            keep.append(i)
-            seen.add(text)
-    return keep, len(part) - len(keep)
+def _fresh_rows(part: Any, taken: set[Any], order: Any = None, limit: int | None = None) -> tuple[list[int], int]:
+    """Indices of ``part`` whose row key is not in ``taken`` nor earlier; and how many were dropped.
 
-
-def heldout_splits(ctx: Any, id_rows: int) -> tuple[Any, Any, dict[str, Any]]:
-    """``(id_part, ood_part, info)``: rows no recipe split uses, deduplicated against every split.
-
-    The rows are the recipe splitter's next split (:meth:`toolchain.pipeline.Context.carve`), so
-    the recipe's splits are reproduced exactly; a mismatch raises ``RuntimeError``.
+    Keys are :func:`toolchain.data.overlap.row_keys` (normalised text, image hash). ``order``: the
+    order to visit rows in (default: as stored); ``limit``: stop after this many kept rows (the
+    dropped count covers the rows visited). The kept indices come back sorted.
     """
+    from toolchain.data.overlap import row_keys
+
+    keys = list(row_keys(part))
+    keep, seen, visited = [], set(taken), 0
+    for i in (range(len(keys)) if order is None else order):
+        if limit is not None and len(keep) >= limit:
+            break
+        visited += 1
+        if keys[i] not in seen:
+            keep.append(int(i))
+            seen.add(keys[i])
+    return sorted(keep), visited - len(keep)
+
+
+def heldout_splits(ctx: Any, id_rows: int, near_rows: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``({"heldout": id, "ood_heldout": far[, "near_ood_heldout": near]}, info)``: rows no recipe split uses.
+
+    ID and far-OOD rows are the recipe splitter's next split (:meth:`toolchain.pipeline.Context.carve`),
+    so the recipe's splits are reproduced exactly (a mismatch raises ``RuntimeError``); near-OOD rows
+    are those of :meth:`toolchain.pipeline.Context.near_ood_rows` that ``near_ood_test`` left. Every
+    part is deduplicated against every recipe split and itself.
+    """
+    import numpy as np
+
+    from toolchain.data.overlap import row_keys
+
     r = ctx.recipe
     if not r.data.ood:
         raise SystemExit(f"recipe {r.name}: no data.ood, so there is no OOD gain to measure")
-    parts, info = [], {}
+    parts, info = {}, {}
+    taken: set[Any] = set()
     for which, splits, extra, limit in [("id", ID_SPLITS, "heldout", id_rows),
                                         ("ood", OOD_SPLITS, "ood_heldout", None)]:
         data, again = ctx.carve(which, {extra: limit})
         own = [s for s in splits if s in ctx.data]
         for s in own:
-            if list(again[s].texts) != list(ctx.data[s].texts):
+            if list(row_keys(again[s])) != list(row_keys(ctx.data[s])):
                 raise RuntimeError(f"split '{s}' of '{data.name}' did not come out as the recipe's")
-        taken = {t for s in own for t in ctx.data[s].texts}
-        keep, dropped = _fresh_rows(again[extra], taken)
-        parts.append(again[extra].subset(keep))
+        mine = {k for s in own for k in row_keys(ctx.data[s])}
+        taken |= mine
+        keep, dropped = _fresh_rows(again[extra], mine)
+        parts[extra] = again[extra].subset(keep)
         info[extra] = {"data": data.name, "rows": len(keep), "dropped_duplicates": dropped,
                        "left_after_splits": len(data) - sum(len(ctx.data[s]) for s in own)}
-    return parts[0], parts[1], info
+    if r.data.near_ood is not None and "near_ood_test" in ctx.data:
+        held = ctx.near_ood_rows()
+        used = set(row_keys(ctx.data["near_ood_test"]))
+        taken |= used
+        keys = list(row_keys(held))  # the rows near_ood_test took are not held-out rows, nor duplicates
+        order = [int(i) for i in np.random.default_rng(r.seed + 3).permutation(len(held)) if keys[i] not in used]
+        keep, dropped = _fresh_rows(held, taken, order=order, limit=near_rows)
+        if keep:
+            parts["near_ood_heldout"] = held.subset(keep)
+            info["near_ood_heldout"] = {"data": held.name, "rows": len(keep), "dropped_duplicates": dropped,
+                                        "left_after_splits": len(order)}
+    return parts, info
 
 
 def stage_folder(ctx: Any, name: str) -> Path:
@@ -102,6 +149,19 @@ def _cell(v: float | None) -> str:
     return "-" if v is None or v != v else f"{v:.4f}"
 
 
+def _diff_cell(d: dict[str, Any] | None) -> str:
+    if not d or d.get("diff") != d.get("diff"):
+        return "-"
+    star = "*" if d.get("excludes_zero") else ""
+    return f"{d['diff']:+.4f} [{d['ci'][0]:+.4f}, {d['ci'][1]:+.4f}]{star}"
+
+
+def _rows_line(info: dict[str, Any]) -> str:
+    names = {"heldout": "in distribution", "ood_heldout": "far OOD", "near_ood_heldout": "near OOD"}
+    return "; ".join(f"{names[k]}: {v['rows']:,} rows of `{v['data']}` ({v['dropped_duplicates']} dropped as "
+                     "duplicates of a recipe split's row or of an earlier held-out row)" for k, v in info.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import numpy as np
@@ -111,29 +171,30 @@ def main(argv: list[str] | None = None) -> int:
     from toolchain.hydra.fuse import load_hydra
     from toolchain.inference import module_outputs
     from toolchain.metrics import ensemble_probs, uq_report
+    from toolchain.metrics.gain import paired_difference
     from toolchain.models.wrappers import SingleModel
     from toolchain.pipeline import Context
     from toolchain.pruning.diversity import ensemble_diversity
     from toolchain.recipe import load_recipe
     from toolchain.report import gain_cell
     from toolchain.stages import load_stage_model
+    from toolchain.stages.evaluate import OOD_SETS, ood_report
 
     console = Console(stderr=True)
     recipe = load_recipe(args.recipe, profile=args.profile)
     ctx = Context(recipe=recipe, console=console)
     t0 = time.time()
     folders = {n: stage_folder(ctx, n) for n in ("finetune", "ensemble", "fuse", "evaluate")}
-    id_part, ood_part, info = heldout_splits(ctx, args.id_rows)
+    parts, info = heldout_splits(ctx, args.id_rows, args.near_rows)
     console.print(f"held-out rows: {info}")
-    labels = np.asarray(id_part.labels)
+    labels = np.asarray(parts["heldout"].labels)
     _m, base, tok = load_stage_model(ctx, folders["finetune"] / "model")
     names = list(base.input_names)
 
     def run(model: Any, what: str) -> dict[str, dict[str, np.ndarray]]:
         t = time.time()
-        out = {"id": module_outputs(ctx, model, id_part, tok, names),
-               "ood": module_outputs(ctx, model, ood_part, tok, names)}
-        console.print(f"  {what}: {len(id_part) + len(ood_part)} rows in {time.time() - t:.0f} s")
+        out = {AS_SPLIT[k]: module_outputs(ctx, model, part, tok, names) for k, part in parts.items()}
+        console.print(f"  {what}: {sum(len(p) for p in parts.values())} rows in {time.time() - t:.0f} s")
         return out
 
     de = []
@@ -141,23 +202,29 @@ def main(argv: list[str] | None = None) -> int:
         _m, member, _t = load_stage_model(ctx, folders["ensemble"] / f"member{i}")
         de.append(run(SingleModel(member), f"deep-ensemble member {i}"))
     hyd = run(load_hydra(folders["fuse"] / "hydra"), "hydra")
-    de_id = np.stack([m["id"]["logits"] for m in de], 1)
-    de_ood = np.stack([m["ood"]["logits"] for m in de], 1)
-    single = de[0]  # member 0 is the fine-tuned single model (the ensemble stage's convention)
+    splits = list(hyd)
+    de_logits = {s: np.stack([m[s]["logits"] for m in de], 1) for s in splits}
+    outs = {  # variant -> split -> outputs, as the evaluate stage holds them
+        "single": de[0],  # member 0 is the fine-tuned single model (the ensemble stage's convention)
+        "deep-ensemble": {s: {"probs": ensemble_probs(de_logits[s]), "member_logits": de_logits[s]} for s in splits},
+        "hydra": hyd,
+    }
     metrics = {
-        "single": uq_report(single["id"]["probs"], labels, probs_ood=single["ood"]["probs"]),
-        "deep-ensemble": uq_report(ensemble_probs(de_id), labels, probs_ood=ensemble_probs(de_ood),
-                                   member_logits_id=de_id, member_logits_ood=de_ood),
-        "hydra": uq_report(hyd["id"]["probs"], labels, probs_ood=hyd["ood"]["probs"],
-                           member_logits_id=hyd["id"]["member_logits"], member_logits_ood=hyd["ood"]["member_logits"]),
+        n: uq_report(o["test"]["probs"], labels, probs_ood=o["ood_test"]["probs"],
+                     **({"member_logits_id": o["test"]["member_logits"],
+                         "member_logits_ood": o["ood_test"]["member_logits"]} if "member_logits" in o["test"] else {}))
+        for n, o in outs.items()
     }
-    diversity = {
-        "deep-ensemble": ensemble_diversity(de_id, labels, de_ood, seed=recipe.seed),
-        "hydra": ensemble_diversity(hyd["id"]["member_logits"], labels, hyd["ood"]["member_logits"], seed=recipe.seed),
-    }
+    ood = ood_report(outs, labels, recipe.seed, several=True)
+    id_diff = {f"hydra-minus-{b}": paired_difference(hyd["test"]["probs"], outs[b]["test"]["probs"], labels,
+                                                     seed=recipe.seed)
+               for b in ("single", "deep-ensemble")}
+    diversity = {n: ensemble_diversity(outs[n]["test"]["member_logits"], labels, outs[n]["ood_test"]["member_logits"],
+                                       seed=recipe.seed)
+                 for n in ("deep-ensemble", "hydra")}
     on_test = read_json(folders["evaluate"] / "diversity.json")
     seconds = time.time() - t0
-    result = {"recipe": recipe.name, "rows": info, "metrics": metrics,
+    result = {"recipe": recipe.name, "rows": info, "metrics": metrics, "ood": ood, "id_differences": id_diff,
               "gain": {k: v["gain"] for k, v in diversity.items()},
               "disagreement": {k: v["disagreement"]["mean"] for k, v in diversity.items()},
               "gain_on_test_split": {k: v["gain"] for k, v in on_test.items()},
@@ -166,16 +233,35 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "results-heldout.json", result)
 
-    lines = [f"# {recipe.name}: ensemble gain on held-out rows no recipe split uses", "",
-             f"In distribution: {info['heldout']['rows']} tweets; OOD: {info['ood_heldout']['rows']} BBC News "
-             f"articles ({info['heldout']['dropped_duplicates']} and {info['ood_heldout']['dropped_duplicates']} "
-             "rows dropped as duplicates of a recipe split's text or of an earlier held-out row). Models: the "
-             f"recipe's cached stages ({', '.join(f'`{v}`' for v in result['stages'].values())}).", "",
+    lines = [f"# {recipe.name}: single model, deep ensemble and Hydra on held-out rows no recipe split uses", "",
+             _rows_line(info) + ". Models: the recipe's cached stages ("
+             + ", ".join(f"`{v}`" for v in result["stages"].values()) + ").", "",
+             "In distribution and far OOD:", "",
              "| model | " + " | ".join(c for _, c in METRIC_KEYS) + " |",
              "|---|" + "---:|" * len(METRIC_KEYS)]
     lines += [f"| {n} | " + " | ".join(_cell(m.get(k)) for k, _ in METRIC_KEYS) + " |" for n, m in metrics.items()]
+    lines += ["", "Hydra minus each baseline on the same rows, 95% paired-bootstrap interval (`*` excludes 0; "
+              "accuracy and AUROC: positive = Hydra better; NLL, ECE, Brier: negative = Hydra better).", "",
+              "| shift | difference | " + " | ".join(c for _, c in ID_DIFF_KEYS) + " |",
+              "|---|---|" + "---:|" * len(ID_DIFF_KEYS)]
+    lines += [f"| in distribution | {k} | " + " | ".join(_diff_cell(d.get(m)) for m, _ in ID_DIFF_KEYS) + " |"
+              for k, d in id_diff.items()]
+    lines += ["", "| shift | rows | difference | " + " | ".join(c for _, c in OOD_DIFF_KEYS) + " |",
+              "|---|---:|---|" + "---:|" * len(OOD_DIFF_KEYS)]
+    for kind in OOD_SETS:
+        if kind not in ood:
+            continue
+        for k, d in ood[kind]["differences"].items():
+            lines.append(f"| {kind} OOD | {ood[kind]['rows']:,} | {k} | "
+                         + " | ".join(_diff_cell(d.get(m)) for m, _ in OOD_DIFF_KEYS) + " |")
+    lines += ["", "| shift | " + " | ".join(f"{n} AUROC MSP" for n in outs) + " |", "|---|" + "---:|" * len(outs)]
+    for kind in OOD_SETS:
+        if kind in ood:
+            lines.append(f"| {kind} OOD | " + " | ".join(_cell(ood[kind]["metrics"][n].get("auroc_msp"))
+                                                        for n in outs) + " |")
     lines += ["", "Ensemble gain (ensemble minus its mean member, positive = better; 95% paired-bootstrap interval, "
-              "`*` excludes 0). The MI gain compares the ensemble's MI AUROC with the members' mean MSP AUROC.", "",
+              "`*` excludes 0; far OOD). The MI gain compares the ensemble's MI AUROC with the members' mean MSP "
+              "AUROC.", "",
               "| ensemble | rows | disagree | " + " | ".join(c for _, c in GAIN_KEYS) + " |",
               "|---|---|---:|" + "---:|" * len(GAIN_KEYS)]
     for n in diversity:
@@ -184,8 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         if n in on_test:
             lines.append(f"| {n} | recipe test split | {on_test[n]['disagreement']['mean']:.3f} | "
                          + " | ".join(gain_cell(on_test[n]["gain"].get(k)) for k, _ in GAIN_KEYS) + " |")
-    lines += ["", f"Command: `python benchmarks/diversity/heldout.py` ({seconds:.0f} s on {platform.node() or 'this'}"
-              f" machine, {os.cpu_count()} CPUs).", ""]
+    command = " ".join(["python benchmarks/diversity/heldout.py", *(argv if argv is not None else sys.argv[1:])])
+    lines += ["", f"Command: `{command}` ({seconds:.0f} s on {platform.node() or 'this'} machine, "
+              f"{os.cpu_count()} CPUs).", ""]
     atomic_write_text(out / "results-heldout.md", "\n".join(lines))
     console.print("\n".join(lines))
     return 0

@@ -29,7 +29,7 @@ def _outputs(ctx: Context, module: Any, splits: list[str], tok: Any, names: list
 OOD_SETS = {"far": "ood_test", "near": "near_ood_test"}
 
 
-def _ood_report(outs: dict[str, dict[str, dict[str, np.ndarray]]], labels: np.ndarray, seed: int,
+def ood_report(outs: dict[str, dict[str, dict[str, np.ndarray]]], labels: np.ndarray, seed: int,
                 several: bool) -> dict[str, Any]:
     """Detection of each OOD set by every variant, and Hydra minus each baseline with paired-bootstrap intervals.
 
@@ -261,7 +261,7 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
         stacked = {s: np.stack([m[s] for m in members], 1) for s in splits + near}
         ood_outs["deep-ensemble"] = {s: {"probs": ensemble_probs(v), "member_logits": v} for s, v in stacked.items()}
     ood_outs["hydra"] = {s: {"probs": hyd[s]["probs"], "member_logits": hyd[s]["member_logits"]} for s in splits + near}
-    ood = _ood_report(ood_outs, labels, ctx.recipe.seed, several)
+    ood = ood_report(ood_outs, labels, ctx.recipe.seed, several)
     for kind, rep in ood.items():
         ctx.console.print(f"  {kind}-OOD ({rep['split']}, {rep['rows']} rows) AUROC MSP: " + "  ".join(
             f"{v} {m['auroc_msp']:.4f}" for v, m in rep["metrics"].items()))
