@@ -40,7 +40,10 @@ Fashion-MNIST + 128 digits images; all-MiniLM-L6-v2 (the packaged real encoder, 
 head, 32 sentences x 48 tokens). "true" = ``onnx.reference`` (numpy float16/bfloat16 arithmetic,
 what a strongly typed GPU engine computes); ONNX Runtime CPU computes FP16 chains in FP32 (it
 inserts Casts), so its FP16 errors are a lower bound. Max absolute errors, worst over the models
-(|logits| <= 7.5), and the rule value (max normalised error, > 1 fails) under the defaults:
+(|logits| <= 7.5), and the rule value under the defaults (FP32: max normalised error; FP16/BF16:
+its 0.999 quantile; > 1 fails). The FP16/BF16 rule values and every "caught" count below are from
+the rerun under the current rule (commit c20eb94; its ViT reached 68.8% in the 240 s budget on a
+shared machine); the other columns are from the run quoted:
 
 =============================================  ===========  ==========  ======================  =========
 graph                                          logits max   probs max   rule value under the    argmax
@@ -49,8 +52,8 @@ graph                                          logits max   probs max   rule val
 =============================================  ===========  ==========  ======================  =========
 FP32 ORT vs torch                              2.2e-6       4.8e-7      <= 0.05 / - / -         1.000
 correct FP16, ORT CPU                          2.8e-3       7.6e-4      - / <= 0.28 / -         1.000
-correct FP16, true FP16 arithmetic             9.3e-3       1.9e-3      - / 0.24-0.39 / 0.06    1.000
-correct BF16, true BF16 arithmetic             5.9e-2       1.9e-2      - / 1.1-4.0 / 0.14-0.50 0.996
+correct FP16, true FP16 arithmetic             9.3e-3       1.9e-3      - / 0.24-0.46 / <= 0.07 1.000
+correct BF16, true BF16 arithmetic             5.9e-2       1.9e-2      - / 1.1-2.9 / 0.14-0.54 0.996
 LayerNormalization forced FP16, input x300     8.5e-3       1.8e-3      - / < 1 / -             1.000
 rsqrt-form LayerNorm in FP16, input x300       4.8          0.75        - / > 80 / -            0.34
 =============================================  ===========  ==========  ======================  =========
@@ -69,7 +72,7 @@ perturbation                            logits max abs error       caught FP32  
                                         min / median / max         defaults        defaults        defaults
 ======================================  =========================  ==============  ==============  ==============
 x1.05, trained ViT (25 weights)         0.024 / 0.12 / 0.40        25/25           25/25           13/25
-5% noise, trained ViT                   0.008 / 0.022 / 0.19       25/25           16/25           2/25
+5% noise, trained ViT                   0.008 / 0.022 / 0.19       25/25           12/25           1/25
 x1.05, tiny ViT (13 weights)            0.004 / 0.035 / 0.24       13/13           9/13            1/13
 x1.05, tiny BERT (14 weights)           0.0055 / 0.009 / 0.19      10/14           2/14            2/14
 ======================================  =========================  ==============  ==============  ==============
