@@ -274,9 +274,10 @@ def parity(
                                                 "arrays per graph input (+ labels)", show_default=False)] = None,
     save_inputs: Annotated[Path | None, typer.Option("--save-inputs", metavar="NPZ", help="write every feed of this "
                                                      "run (replay it in CI with --inputs)", show_default=False)] = None,
-    tol: Annotated[list[str] | None, typer.Option("--tol", metavar="OUTPUT:ATOL:RTOL", help="numeric tolerance of "
-                                                  "an output ('*': every output); default: the precision's measured "
-                                                  "tolerances", show_default=False)] = None,
+    tol: Annotated[list[str] | None, typer.Option("--tol", metavar="OUTPUT:ATOL:RTOL", help="numeric atol/rtol of "
+                                                  "an output ('*': every output); the precision's statistic and "
+                                                  "bounds stay; default: the precision's measured tolerances",
+                                                  show_default=False)] = None,
     uq_tol: Annotated[list[str] | None, typer.Option("--uq-tol", metavar="METRIC:DELTA", help="allowed UQ-metric "
                                                      "difference ('*': every metric)", show_default=False)] = None,
     engine: Annotated[str | None, typer.Option("--engine", metavar="KIND", help="engine kind that runs .onnx graphs "

@@ -12,7 +12,7 @@ the fused Hydra - on rows that no split of the recipe uses, for every shift kind
   matched rows that the recipe's ``near_ood_test`` rows leave, in a seeded order.
 
 Every held-out row whose text (whitespace-normalised) or image bytes also appear in a recipe split
-or earlier in the held-out set is dropped (the data sets hold duplicates;
+of its data set or earlier in its held-out part is dropped (the data sets hold duplicates;
 :func:`toolchain.data.overlap.row_keys`). The ID and far-OOD rows are carved by the recipe's own
 seeded splitter as one more split after the recipe's, so the recipe's splits come out unchanged
 (checked). Reported: each model's metrics, Hydra minus single and minus deep ensemble with 95%
@@ -93,8 +93,10 @@ def heldout_splits(ctx: Any, id_rows: int, near_rows: int | None = None) -> tupl
 
     ID and far-OOD rows are the recipe splitter's next split (:meth:`toolchain.pipeline.Context.carve`),
     so the recipe's splits are reproduced exactly (a mismatch raises ``RuntimeError``); near-OOD rows
-    are those of :meth:`toolchain.pipeline.Context.near_ood_rows` that ``near_ood_test`` left. Every
-    part is deduplicated against every recipe split and itself.
+    are those of :meth:`toolchain.pipeline.Context.near_ood_rows` that ``near_ood_test`` left. ID rows
+    are deduplicated against the ID splits, far-OOD rows against the OOD splits, near-OOD rows against
+    every recipe split and ``near_ood_test`` (rows repeating a ``near_ood_test`` row are left out
+    before counting duplicates); each part against itself.
     """
     import numpy as np
 

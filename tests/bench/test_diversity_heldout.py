@@ -66,9 +66,7 @@ def test_heldout_rows_of_the_image_recipe(diversity_heldout):
     # every digit the recipe's OOD splits leave (1,797 digits, 32 + 64 in quick splits), less repeats
     assert info["ood_heldout"]["left_after_splits"] == 1797 - 32 - 64
     # near OOD: the rows near_ood_test took are left out before counting duplicates (a handful at most)
-    held = ctx.near_ood_rows()
-    assert info["near_ood_heldout"]["left_after_splits"] <= len(held) - len(ctx.data["near_ood_test"])
-    assert info["near_ood_heldout"]["dropped_duplicates"] < 10
+    assert info["near_ood_heldout"]["dropped_duplicates"] < 10  # not the ~1/12 of rows near_ood_test took
 
 
 def test_stage_folder_finds_a_variant_with_the_recipes_key_and_nothing_else(diversity_heldout, tmp_path):

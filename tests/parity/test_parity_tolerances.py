@@ -47,11 +47,12 @@ class TestResolve:
     def test_parse_merges_over_precision_defaults(self):
         tols = parse_tolerances({"probs": {"atol": 1e-3, "rtol": 0.0, "stat": "mean"}}, "fp16")
         # what the mapping leaves out (the quantile, max_limit) is the FP16 default's
-        assert tols["probs"] == Tolerance(1e-3, 0.0, "mean", quantile=0.999, max_limit=4.0)
+        assert tols["probs"] == Tolerance(1e-3, 0.0, "mean", quantile=0.999, max_limit=4.0, feed_quantile=0.99)
         assert tols["logits"] == default_tolerances("fp16")["logits"]
         # an atol/rtol override keeps the precision's statistic; FP32's is the plain max
         bf16 = parse_tolerances({"logits": {"atol": 0.2, "rtol": 0.05}}, "bf16")["logits"]
-        assert (bf16.atol, bf16.stat, bf16.quantile, bf16.max_limit) == (0.2, "quantile", 0.999, 4.0)
+        assert (bf16.atol, bf16.stat, bf16.quantile, bf16.max_limit, bf16.feed_quantile) == (
+            0.2, "quantile", 0.999, 4.0, 0.99)
         fp32 = parse_tolerances({"logits": {"atol": 0.2, "rtol": 0.05}}, "fp32")["logits"]
         assert (fp32.stat, fp32.max_limit) == ("max", None)
         # a Tolerance object replaces the default whole
@@ -148,7 +149,7 @@ class TestStatistics:
                               Tolerance(0.1, 0.0, "quantile", 0.9, max_limit=4.0))
         assert not comp.passed and comp.max_normalised_error == pytest.approx(10.0)
         assert "max normalised error 10 > max_limit 4" in comp.message()
-        assert "and max <= 4" in comp.tolerance.describe()
+        assert ", max <= 4" in comp.tolerance.describe()
         # the statistic failing is reported as the statistic
         comp = compare_output("logits", [self.REF], [self.CAND], ["id[0]"],
                               Tolerance(0.1, 0.0, "quantile", 0.95, max_limit=40.0))
@@ -176,9 +177,46 @@ class TestReducedPrecisionDefaults:
         result = evaluate_rule(one_shape, ref, tol)
         assert not result.passed and result.over_max_limit
 
+    @pytest.mark.parametrize("precision", ["fp16", "bf16"])
+    def test_a_fault_confined_to_one_small_feed_fails_the_per_feed_clause(self, precision):
+        tol = default_tolerances(precision)["logits"]
+        rng = np.random.default_rng(1)
+        refs = [np.zeros((1, 8)), np.zeros((8, 8)), np.zeros((2, 8))] + [np.zeros((64, 8)) for _ in range(47)]
+        cands = [rng.uniform(-0.4, 0.4, r.shape) * tol.atol for r in refs]
+        labels = ["generated[0]", "generated[1]", "generated[2]"] + [f"id[{i}]" for i in range(47)]
+        cands[30][7, 2] = 1.03 * tol.atol  # a rounding tail in a data feed: passes
+        assert compare_output("logits", refs, cands, labels, tol).passed
+        broken = [c.copy() for c in cands]
+        broken[0][:] = 2.0 * tol.atol  # batch-1 shape off by 2x everywhere: 8 of 24,152 elements
+        assert evaluate_rule(np.concatenate([c.ravel() for c in broken]),
+                             np.concatenate([r.ravel() for r in refs]),
+                             Tolerance(tol.atol, tol.rtol, "quantile", 0.999, max_limit=4.0)).passed  # pooled alone
+        comp = compare_output("logits", refs, broken, labels, tol)
+        assert not comp.passed and "feed generated[0]: q0.99 normalised error 2 > 1" in comp.message()
+        half = [c.copy() for c in cands]
+        half[40][:2] = 1.5 * tol.atol  # 16 of one 64-row feed's 512 elements (3%): fails too
+        assert "feed id[37]" in compare_output("logits", refs, half, labels, tol).message()
+
+    def test_nan_reference_and_candidate_name_their_clause(self):
+        tol = default_tolerances("bf16")["logits"]
+        ref, cand = np.zeros(4), np.zeros(4)
+        ref[1] = np.nan
+        res = evaluate_rule(cand, ref, tol)
+        assert not res.passed and res.failed == "stat" and not res.over_max_limit
+        res = evaluate_rule(np.array([0.0, np.inf, 0, 0]), np.zeros(4), tol)
+        assert not res.passed and res.failed == "nonfinite" and not res.over_max_limit
+        with pytest.raises(ToleranceError, match="do not add up"):
+            evaluate_rule(np.zeros(4), np.zeros(4), tol, feed_sizes=[1, 2])
+
+    def test_star_sets_every_output_and_an_own_key_wins(self):
+        tols = parse_tolerances({"": {"atol": 0.5, "rtol": 0.1}, "probs": {"atol": 0.01, "rtol": 0.0}}, "bf16")
+        assert tols["logits"].atol == tols["member_logits"].atol == tols[""].atol == 0.5
+        assert tols["logits"].stat == "quantile" and tols["logits"].feed_quantile == 0.99  # kept from BF16
+        assert tols["probs"].atol == 0.01
+
     def test_fp32_stays_the_elementwise_max(self):
         for tol in default_tolerances("fp32").values():
-            assert tol.stat == "max" and tol.max_limit is None
+            assert tol.stat == "max" and tol.max_limit is None and tol.feed_quantile is None
 
 
 class TestNonFinite:

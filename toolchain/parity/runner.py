@@ -231,7 +231,8 @@ def check_candidate(
             comp.polygraphy = poly[name]
             if poly[name]["passed"] != comp.passed:
                 comp.polygraphy["note"] = ("Polygraphy's verdict differs: its rule passes an element if either "
-                                           "|c-r| <= atol or |c-r|/|r| <= rtol and takes each statistic per feed")
+                                           "|c-r| <= atol or |c-r|/|r| <= rtol, takes each statistic per feed "
+                                           "and has no max_limit or per-feed quantile")
         checks.append(Check(engine, f"numeric/{name}", "pass" if comp.passed else "fail", comp.message(),
                             comp.to_dict(), per_output))
 
@@ -334,7 +335,9 @@ def run_parity(
         "precisions": {e: (precisions or {}).get(e, "fp32") for e in engines},
         "tolerances": {e: {k: t.to_dict() for k, t in sorted(v.items())} for e, v in tols.items()},
         "uq_tolerances": {k: t.to_dict() for k, t in sorted(uq_tols.items())},
-        "data": data.summary(), "n_bins": n_bins, "rule": "|c - r| <= atol + rtol*|r| on the named statistic",
+        "data": data.summary(), "n_bins": n_bins,
+        "rule": ("|c - r| <= atol + rtol*|r| on the named statistic of every element, "
+                 "[max of every element <= max_limit], [feed_quantile of every feed <= 1]"),
     }
     log.info("parity: reference '%s' on %d feeds", ref_name, len(data.feeds()))
     ref, problems = run_reference(reference, data)
