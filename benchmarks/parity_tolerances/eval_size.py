@@ -1,7 +1,7 @@
 """Normalised errors of correct and wrong FP16/BF16 graphs at a recipe's evaluation size.
 
 ``calibrate.py`` measured the default tolerances on 256 rows. The parity stage checks every row
-of a recipe's test and OOD splits (3,011 rows, 24,088 logits for the ViT recipe), and the max of
+of a recipe's test and OOD splits (3,000 rows plus 11 generated ones, 24,088 logits for the ViT recipe), and the max of
 a rounding error over more elements is larger. This script takes a recipe's exported graphs and
 parity inputs (``hydra-toolchain run RECIPE`` first), runs them exactly as the parity stage does
 (PyTorch reference; FP16 on ONNX Runtime CPU, BF16 on ``onnxrt-cpu-bf16emu``) and reports, per

@@ -87,7 +87,8 @@ x1.05, tiny BERT (14 weights)           0.0055 / 0.009 / 0.19      10/14        
 At evaluation size
 ------------------
 The tables above use 256 rows; the parity stage checks every row of a recipe's test and OOD splits
-(ViT recipe: 3,011 rows, 24,088 logits, 72,264 member logits). A correct engine's largest
+(ViT recipe: 3,000 test and OOD rows plus 11 generated ones, 24,088 logits, 72,264 member
+logits). A correct engine's largest
 normalised error grows with the number of elements (its tail is heavier than Gaussian), so a
 ``max`` rule calibrated on 256 rows cries wolf at evaluation size: the ViT recipe's correct BF16
 graphs failed it by 3% in two runs (1 of 24,088 single-model logits in one, 1 of 72,264 Hydra
