@@ -114,8 +114,12 @@ def bench_latency(latency: dict | None, lowering: str = "conv") -> tuple[dict[st
     return out, f"ms (ORT CPU, batch {case.get('batch')})"
 
 
-def _diff_cell(d: dict[str, Any] | None) -> str:
-    if not d:
+def diff_cell(d: dict[str, Any] | None) -> str:
+    """``+0.0123 [+0.0100, +0.0150]*``: a paired difference, ``*`` when its interval excludes 0.
+
+    ``-`` when absent or NaN.
+    """
+    if not d or d.get("diff") != d.get("diff"):
         return "-"
     lo, hi = d["ci"]
     return f"{d['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]{'*' if d['excludes_zero'] else ''}"
@@ -139,7 +143,7 @@ def shift_tables(shift: dict[str, Any]) -> str:
             + " |", "|---|" + "---:|" * (2 * len(pairs))]
     for lv in levels[1:]:
         d = shift["differences"].get(lv, {})
-        diff.append(f"| {lv} | " + " | ".join(_diff_cell(d.get(p, {}).get(k)) for p in pairs for k, _l in keys) + " |")
+        diff.append(f"| {lv} | " + " | ".join(diff_cell(d.get(p, {}).get(k)) for p in pairs for k, _l in keys) + " |")
     return "\n".join(rows) + "\n\n" + "\n".join(diff)
 
 
@@ -157,7 +161,7 @@ def shift_kind_table(shift: dict[str, Any]) -> str:
             d = by_kind.get(kind, {}).get(lv, {})
             rows.append(f"| {kind} | {lv} | " + " | ".join(f"{m[v]['accuracy']:.4f} / {m[v]['nll']:.4f}"
                                                           for v in variants) + " | "
-                        + " | ".join(_diff_cell(d.get(p, {}).get("nll")) for p in pairs) + " |")
+                        + " | ".join(diff_cell(d.get(p, {}).get("nll")) for p in pairs) + " |")
     return "\n".join(rows)
 
 
@@ -177,7 +181,7 @@ def ood_table(rep: dict[str, Any]) -> str:
     diff = ["| difference | " + " | ".join(label for k, label in _OOD_KEYS if k in keys) + " |",
             "|---|" + "---:|" * len(keys)]
     for pair, d in rep["differences"].items():
-        diff.append(f"| {pair.replace('-minus-', ' - ')} | " + " | ".join(_diff_cell(d.get(k)) for k in keys) + " |")
+        diff.append(f"| {pair.replace('-minus-', ' - ')} | " + " | ".join(diff_cell(d.get(k)) for k in keys) + " |")
     return "\n".join(rows) + ("\n\n" + "\n".join(diff) if rep["differences"] else "")
 
 

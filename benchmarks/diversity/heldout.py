@@ -67,16 +67,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _fresh_rows(part: Any, taken: set[Any], order: Any = None, limit: int | None = None) -> tuple[list[int], int]:
-    """Indices of ``part`` whose row key is not in ``taken`` nor earlier; and how many were dropped.
+def _fresh_rows(keys: list[Any], taken: set[Any], order: Any = None,
+                limit: int | None = None) -> tuple[list[int], int]:
+    """Indices of the rows whose key is not in ``taken`` nor earlier; and how many were dropped.
 
-    Keys are :func:`toolchain.data.overlap.row_keys` (normalised text, image hash). ``order``: the
-    order to visit rows in (default: as stored); ``limit``: stop after this many kept rows (the
-    dropped count covers the rows visited). The kept indices come back sorted.
+    ``keys``: one per row, :func:`toolchain.data.overlap.row_keys` (normalised text, image hash).
+    ``order``: the order to visit rows in (default: as stored); ``limit``: stop after this many
+    kept rows (the dropped count covers the rows visited). The kept indices come back sorted.
     """
-    from toolchain.data.overlap import row_keys
-
-    keys = list(row_keys(part))
     keep, seen, visited = [], set(taken), 0
     for i in (range(len(keys)) if order is None else order):
         if limit is not None and len(keep) >= limit:
@@ -116,7 +114,7 @@ def heldout_splits(ctx: Any, id_rows: int, near_rows: int | None = None) -> tupl
                 raise RuntimeError(f"split '{s}' of '{data.name}' did not come out as the recipe's")
         mine = {k for s in own for k in row_keys(ctx.data[s])}
         taken |= mine
-        keep, dropped = _fresh_rows(again[extra], mine)
+        keep, dropped = _fresh_rows(list(row_keys(again[extra])), mine)
         parts[extra] = again[extra].subset(keep)
         info[extra] = {"data": data.name, "rows": len(keep), "dropped_duplicates": dropped,
                        "left_after_splits": len(data) - sum(len(ctx.data[s]) for s in own)}
@@ -124,9 +122,9 @@ def heldout_splits(ctx: Any, id_rows: int, near_rows: int | None = None) -> tupl
         held = ctx.near_ood_rows()
         used = set(row_keys(ctx.data["near_ood_test"]))
         taken |= used
-        keys = list(row_keys(held))  # the rows near_ood_test took are not held-out rows, nor duplicates
+        keys = list(row_keys(held))  # the rows near_ood_test took are neither held-out rows nor duplicates
         order = [int(i) for i in np.random.default_rng(r.seed + 3).permutation(len(held)) if keys[i] not in used]
-        keep, dropped = _fresh_rows(held, taken, order=order, limit=near_rows)
+        keep, dropped = _fresh_rows(keys, taken, order=order, limit=near_rows)
         if keep:
             parts["near_ood_heldout"] = held.subset(keep)
             info["near_ood_heldout"] = {"data": held.name, "rows": len(keep), "dropped_duplicates": dropped,
@@ -151,13 +149,6 @@ def _cell(v: float | None) -> str:
     return "-" if v is None or v != v else f"{v:.4f}"
 
 
-def _diff_cell(d: dict[str, Any] | None) -> str:
-    if not d or d.get("diff") != d.get("diff"):
-        return "-"
-    star = "*" if d.get("excludes_zero") else ""
-    return f"{d['diff']:+.4f} [{d['ci'][0]:+.4f}, {d['ci'][1]:+.4f}]{star}"
-
-
 def _rows_line(info: dict[str, Any]) -> str:
     names = {"heldout": "in distribution", "ood_heldout": "far OOD", "near_ood_heldout": "near OOD"}
     return "; ".join(f"{names[k]}: {v['rows']:,} rows of `{v['data']}` ({v['dropped_duplicates']} dropped as "
@@ -178,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     from toolchain.pipeline import Context
     from toolchain.pruning.diversity import ensemble_diversity
     from toolchain.recipe import load_recipe
-    from toolchain.report import gain_cell
+    from toolchain.report import diff_cell, gain_cell
     from toolchain.stages import load_stage_model
     from toolchain.stages.evaluate import OOD_SETS, ood_report
 
@@ -246,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
               "accuracy and AUROC: positive = Hydra better; NLL, ECE, Brier: negative = Hydra better).", "",
               "| shift | difference | " + " | ".join(c for _, c in ID_DIFF_KEYS) + " |",
               "|---|---|" + "---:|" * len(ID_DIFF_KEYS)]
-    lines += [f"| in distribution | {k} | " + " | ".join(_diff_cell(d.get(m)) for m, _ in ID_DIFF_KEYS) + " |"
+    lines += [f"| in distribution | {k} | " + " | ".join(diff_cell(d.get(m)) for m, _ in ID_DIFF_KEYS) + " |"
               for k, d in id_diff.items()]
     lines += ["", "| shift | rows | difference | " + " | ".join(c for _, c in OOD_DIFF_KEYS) + " |",
               "|---|---:|---|" + "---:|" * len(OOD_DIFF_KEYS)]
@@ -255,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for k, d in ood[kind]["differences"].items():
             lines.append(f"| {kind} OOD | {ood[kind]['rows']:,} | {k} | "
-                         + " | ".join(_diff_cell(d.get(m)) for m, _ in OOD_DIFF_KEYS) + " |")
+                         + " | ".join(diff_cell(d.get(m)) for m, _ in OOD_DIFF_KEYS) + " |")
     lines += ["", "| shift | " + " | ".join(f"{n} AUROC MSP" for n in outs) + " |", "|---|" + "---:|" * len(outs)]
     for kind in OOD_SETS:
         if kind in ood:

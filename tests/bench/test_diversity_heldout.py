@@ -18,17 +18,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_fresh_rows_drops_rows_of_other_splits_and_repeats(diversity_heldout):
     part = TextData(["a", "b", "a ", "c", "d", "c"], np.array([0, 1, 0, 1, 0, 1]), ["x", "y"], "t")
-    keep, dropped = diversity_heldout._fresh_rows(part, {("text", "d")})
+    keys = list(row_keys(part))
+    keep, dropped = diversity_heldout._fresh_rows(keys, {("text", "d")})
     assert keep == [0, 1, 3] and dropped == 3  # "a " repeats "a" after whitespace normalisation
     # a visiting order and a limit: the first two fresh rows in that order, indices sorted
-    keep, dropped = diversity_heldout._fresh_rows(part, set(), order=[5, 4, 3, 2], limit=2)
+    keep, dropped = diversity_heldout._fresh_rows(keys, set(), order=[5, 4, 3, 2], limit=2)
     assert keep == [4, 5] and dropped == 0
-    keep, dropped = diversity_heldout._fresh_rows(part, set(), order=[5, 3, 4], limit=2)
+    keep, dropped = diversity_heldout._fresh_rows(keys, set(), order=[5, 3, 4], limit=2)
     assert keep == [4, 5] and dropped == 1  # row 3 repeats row 5
     images = np.zeros((3, 4, 4), np.uint8)
     images[1, 0, 0] = 7
     img = ImageData(images, np.array([0, 1, 0]), ["x", "y"], "i")
-    assert diversity_heldout._fresh_rows(img, set()) == ([0, 1], 1)  # image 2 repeats image 0 byte for byte
+    # image 2 repeats image 0 byte for byte
+    assert diversity_heldout._fresh_rows(list(row_keys(img)), set()) == ([0, 1], 1)
 
 
 def test_heldout_rows_are_new_and_the_recipe_splits_unchanged(diversity_heldout):

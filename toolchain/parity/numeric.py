@@ -201,21 +201,21 @@ def compare_output(
             w = result.worst
             where = (f"; worst at feed {w['feed']} index {_fmt_index(w['index'])}: ref {w['reference']:.6g}, "
                      f"cand {w['candidate']:.6g}")
+        rule_text = f"|c-r| <= {tol.atol:g} + {tol.rtol:g}*|r|"
+        overall = f"{tol.stat_name} over {result.elements} elements"
+        tail = f"max|c-r| {result.max_abs_err:.3g}{where}"
         if rule.failed == "feed":
-            lbl = feed_labels[rule.worst_feed]
-            result.reasons.append(f"feed {lbl}: q{tol.feed_quantile:g} normalised error {rule.feed_value:.3g} > 1 "
-                                  f"(at least {100 * tol.feed_quantile:g}% of every feed's elements must meet the rule "
-                                  f"|c-r| <= {tol.atol:g} + {tol.rtol:g}*|r|; over all {result.elements} elements its "
-                                  f"{tol.stat_name} is {rule.value:.3g}; max|c-r| {result.max_abs_err:.3g}{where})")
-        elif rule.over_max_limit:
+            result.reasons.append(f"feed {feed_labels[rule.worst_feed]}: q{tol.feed_quantile:g} normalised error "
+                                  f"{rule.feed_value:.3g} > 1 (at least {100 * tol.feed_quantile:g}% of every feed's "
+                                  f"elements must meet the rule {rule_text}; its {overall} is {rule.value:.3g}; "
+                                  f"{tail})")
+        elif rule.failed == "max_limit":
             result.reasons.append(f"max normalised error {rule.max_value:.3g} > max_limit {tol.max_limit:g} (no "
-                                  f"element may be further than {tol.max_limit:g}x the rule |c-r| <= {tol.atol:g} + "
-                                  f"{tol.rtol:g}*|r|, whose {tol.stat_name} over {result.elements} elements is "
-                                  f"{rule.value:.3g}; max|c-r| {result.max_abs_err:.3g}{where})")
+                                  f"element may be further than {tol.max_limit:g}x the rule {rule_text}, whose "
+                                  f"{overall} is {rule.value:.3g}; {tail})")
         else:
-            result.reasons.append(f"{tol.stat_name} normalised error {rule.value:.3g} > 1 (rule |c-r| <= {tol.atol:g} "
-                                  f"+ {tol.rtol:g}*|r|, {tol.stat_name} over {result.elements} elements; "
-                                  f"max|c-r| {result.max_abs_err:.3g}{where})")
+            result.reasons.append(f"{tol.stat_name} normalised error {rule.value:.3g} > 1 (rule {rule_text}, "
+                                  f"{overall}; {tail})")
     if tol.min_argmax_agreement is not None and result.argmax_agreement is not None \
             and result.argmax_agreement < tol.min_argmax_agreement:
         result.reasons.append(f"argmax agreement {result.argmax_agreement:.4f} < {tol.min_argmax_agreement:g} "
