@@ -30,7 +30,7 @@ def scorer_onnx(tmp_path_factory: pytest.TempPathFactory, scorer: TinyScorer) ->
     return path
 
 
-@pytest.fixture(params=["torch", "onnxrt-cpu"])
+@pytest.fixture(params=["torch", "onnxrt-cpu", "openvino-cpu"])
 def make(request: pytest.FixtureRequest, scorer: TinyScorer, scorer_onnx: Path):
     """Factory ``make(**extra) -> Runner`` for each CPU runner kind."""
 
@@ -38,6 +38,8 @@ def make(request: pytest.FixtureRequest, scorer: TinyScorer, scorer_onnx: Path):
         if request.param == "torch":
             return make_runner("torch", module=scorer, input_specs=INPUT_SPECS, output_names=["scores", "probs"],
                                **extra)
+        if request.param == "openvino-cpu":  # the FP32 graph compiled when activated (a .blob: test_engines_openvino)
+            return make_runner("openvino-cpu", onnx_path=scorer_onnx, precision="fp32", threads=1, **extra)
         return make_runner("onnxrt-cpu", path=scorer_onnx, intra_op_threads=1, **extra)
 
     build.kind = request.param

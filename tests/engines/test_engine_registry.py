@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 
 from toolchain.engines import (
     EngineUnavailable,
+    build_plan,
     candidate_label,
     clock_of,
     default_engines,
@@ -20,6 +21,7 @@ from toolchain.engines import (
     engine_kinds,
     entries_for,
     kinds_for_suffix,
+    read_unavailable,
     reference_kind,
     resolve_kind,
     runner_for,
@@ -69,14 +71,16 @@ def test_onnxruntime_is_imported_only_in_the_engines_package():
 
 
 def test_kinds_declare_what_callers_need():
-    assert selectable_kinds() == ["onnxrt-cpu", "onnxrt-cuda", "tensorrt", "torch"]
+    assert selectable_kinds() == ["onnxrt-cpu", "onnxrt-cuda", "openvino-cpu", "tensorrt", "torch"]
     assert default_engines() == ["torch", "onnxrt-cpu"]
     assert reference_kind() == "torch"
     assert kinds_for_suffix(".onnx") == ["onnxrt-cpu", "onnxrt-cuda"] and kinds_for_suffix(".plan") == ["tensorrt"]
     assert resolve_kind("onnxrt-cpu", "bf16") == "onnxrt-cpu-bf16emu" and resolve_kind("onnxrt-cpu", "fp16") == \
         "onnxrt-cpu"
     assert resolve_kind("onnxrt-cuda", "bf16") is None and "BF16" in engine_kind("onnxrt-cuda").unsupported["bf16"]
-    assert [s.name for s in engine_kinds() if s.needs_build] == ["tensorrt"]
+    assert [s.name for s in engine_kinds() if s.needs_build] == ["tensorrt", "openvino-cpu"]
+    assert [s.name for s in engine_kinds() if s.compiles] == ["openvino-cpu"]
+    assert kinds_for_suffix(".blob") == ["openvino-cpu"] and engine_kind("openvino-cpu").suffix == ".blob"
     assert [s.name for s in engine_kinds() if s.gpu] == ["onnxrt-cuda", "tensorrt"]
     assert clock_of("tensorrt") == clock_of("onnxrt-cuda") == "cuda-event" and clock_of("onnxrt-cpu") == "wall"
     assert clock_of("not-a-kind") is None
@@ -114,12 +118,28 @@ def test_entries_of_a_built_kind_come_from_engines_json(tmp_path):
     assert entries_for("onnxrt-cpu", graphs, build_dir=tmp_path) == graphs
     with pytest.raises(MissingDependencyError, match=r"no engines\.json"):
         entries_for("tensorrt", graphs, build_dir=tmp_path)
-    (tmp_path / "engines.json").write_text(json.dumps({"skipped": "no GPU"}))
+    (tmp_path / "engines.json").write_text(json.dumps({"tensorrt": {"skipped": "no GPU"}}))
     with pytest.raises(MissingDependencyError, match="skipped the engines: no GPU"):
         entries_for("tensorrt", graphs, build_dir=tmp_path)
+    with pytest.raises(MissingDependencyError, match="built nothing for it"):
+        entries_for("openvino-cpu", graphs, build_dir=tmp_path)
     built = {"hydra-conv": {"engine": "hydra-conv.engine", "precision": "fp32", "onnx": "hydra-conv.onnx"}}
-    (tmp_path / "engines.json").write_text(json.dumps(built))
+    records = {"tensorrt": {"engines": built, "unavailable": {}},
+               "openvino-cpu": {"engines": {}, "unavailable": {"x.fp16": "no"}}}
+    (tmp_path / "engines.json").write_text(json.dumps(records))
     assert entries_for("tensorrt", graphs, build_dir=tmp_path) == built
+    assert read_unavailable(tmp_path, "openvino-cpu") == {"x.fp16": "no"} and read_unavailable(tmp_path, "x") == {}
+
+
+def test_build_plan_builds_graph_precisions_or_compiles_fp32_graphs_per_precision():
+    graphs = {"single": {"precision": "fp32"}, "single.fp16": {"precision": "fp16"},
+              "hydra-conv": {"precision": "fp32", "kind": "hydra", "lowering": "conv"},
+              "hydra-matmul": {"precision": "fp32", "kind": "hydra", "lowering": "matmul"}}
+    assert build_plan("tensorrt", graphs, ["fp32", "bf16"]) == [("hydra-conv", "hydra-conv", "fp32")]
+    assert build_plan("openvino-cpu", graphs, ["fp32", "bf16"]) == [
+        ("single", "single", "fp32"), ("single.bf16", "single", "bf16"), ("hydra-conv", "hydra-conv", "fp32"),
+        ("hydra-conv.bf16", "hydra-conv", "bf16"), ("hydra-matmul", "hydra-matmul", "fp32"),
+        ("hydra-matmul.bf16", "hydra-matmul", "bf16")]
 
 
 def test_the_recipe_engines_field_reads_the_registry():

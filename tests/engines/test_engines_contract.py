@@ -1,4 +1,4 @@
-"""The runner contract, run against every CPU backend (torch reference and ONNX Runtime)."""
+"""The runner contract, run against every CPU backend (torch reference, ONNX Runtime, OpenVINO)."""
 
 import subprocess
 import sys
@@ -108,16 +108,17 @@ def test_torch_runner_restores_training_flags():
 
 
 def test_registry():
-    assert runner_kinds() == ["onnxrt-cpu", "onnxrt-cpu-bf16emu", "onnxrt-cuda", "tensorrt", "torch"]
+    assert runner_kinds() == ["onnxrt-cpu", "onnxrt-cpu-bf16emu", "onnxrt-cuda", "openvino-cpu", "tensorrt", "torch"]
     with pytest.raises(EngineError, match="unknown runner kind 'trt'"):
         make_runner("trt")
 
 
 def test_importing_engines_needs_no_gpu_packages():
-    code = ("import sys, toolchain.engines, toolchain.engines.tensorrt, toolchain.engines.onnxrt; "
-            "print('tensorrt' in sys.modules, 'onnxruntime' in sys.modules)")
+    code = ("import sys, toolchain.engines, toolchain.engines.tensorrt, toolchain.engines.onnxrt, "
+            "toolchain.engines.openvino; print('tensorrt' in sys.modules, 'onnxruntime' in sys.modules, "
+            "'openvino' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "False"]
+    assert out == ["False", "False", "False"]
 
 
 class TestCheckFeed:

@@ -1,6 +1,6 @@
-"""Inference backends behind one runner contract (torch, ONNX Runtime, TensorRT), and their registry.
+"""Inference backends behind one runner contract (torch, ONNX Runtime, TensorRT, OpenVINO), and their registry.
 
-Importing this package never imports tensorrt, onnxruntime-gpu or CUDA: each backend lives in
+Importing this package never imports tensorrt, onnxruntime-gpu, openvino or CUDA: each backend lives in
 its own sub-package and is loaded by :func:`make_runner` when its kind is asked for. Every
 engine kind is declared once in :mod:`toolchain.engines.kinds` (an :class:`EngineKind`).
 """
@@ -10,6 +10,7 @@ from toolchain.engines.base import Runner, ShapeLimits, TensorSpec, check_feed
 from toolchain.engines.registry import (
     EngineKind,
     EngineUnavailable,
+    build_plan,
     candidate_label,
     clock_of,
     default_engines,
@@ -20,6 +21,7 @@ from toolchain.engines.registry import (
     known_suffixes,
     make_runner,
     read_built,
+    read_unavailable,
     reference_kind,
     register_kind,
     register_runner,
@@ -32,8 +34,9 @@ from toolchain.engines.registry import (
 )
 
 __all__ = [
-    "EngineKind", "EngineUnavailable", "Runner", "ShapeLimits", "TensorSpec", "candidate_label", "check_feed",
-    "clock_of", "default_engines", "engine_kind", "engine_kinds", "entries_for", "kinds_for_suffix",
-    "known_suffixes", "make_runner", "read_built", "reference_kind", "register_kind", "register_runner",
-    "resolve_kind", "runner_for", "runner_kinds", "selectable_kinds", "split_label", "thread_scope",
+    "EngineKind", "EngineUnavailable", "Runner", "ShapeLimits", "TensorSpec", "build_plan", "candidate_label",
+    "check_feed", "clock_of", "default_engines", "engine_kind", "engine_kinds", "entries_for", "kinds_for_suffix",
+    "known_suffixes", "make_runner", "read_built", "read_unavailable", "reference_kind", "register_kind",
+    "register_runner", "resolve_kind", "runner_for", "runner_kinds", "selectable_kinds", "split_label",
+    "thread_scope",
 ]

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import NamedTuple, Self
+from typing import Any, NamedTuple, Self
 
 import numpy as np
 
@@ -116,6 +116,35 @@ def check_feed(
                         + ".")
 
 
+def recorded_specs(
+    profile: Mapping[str, Sequence[Sequence[int]]], inputs: Mapping[str, Mapping[str, Any]]
+) -> tuple[dict[str, TensorSpec], dict[str, ShapeLimits], bool]:
+    """Input specs and limits an engine file's sidecar records: ``(specs, limits, complete)`` for :func:`check_feed`.
+
+    Args:
+        profile: input name -> ``[min, opt, max]`` shapes (TensorRT's optimisation profile, the
+            bounds an OpenVINO model was compiled for).
+        inputs: input name -> ``{"dtype": numpy name, "shape": dims}`` (empty in old sidecars).
+
+    With ``inputs`` the specs are complete (names, dtypes, ranks, static dims); otherwise they come
+    from the profile alone (names in the profile, ranks; dtypes unknown). ``limits`` are the
+    profile's min/max shapes.
+    """
+    limits = {name: ShapeLimits(tuple(lo), tuple(hi)) for name, (lo, _opt, hi) in profile.items()}
+    if inputs:
+        specs = {}
+        for name, spec in inputs.items():
+            try:
+                dtype = np.dtype(spec["dtype"]) if spec.get("dtype") else None
+            except TypeError:
+                dtype = None
+            specs[name] = TensorSpec(dtype, tuple(spec["shape"]))
+        return specs, limits, True
+    specs = {name: TensorSpec(None, tuple(lo if lo == hi else None for lo, hi in zip(lim.min_shape, lim.max_shape)))
+             for name, lim in limits.items()}
+    return specs, limits, False
+
+
 class Runner(abc.ABC):
     """One inference backend behind a common interface; use as a context manager.
 
@@ -154,6 +183,15 @@ class Runner(abc.ABC):
 
     def _shape_limits(self) -> dict[str, ShapeLimits]:
         """Per-input axis bounds (TensorRT profiles); none by default."""
+        return {}
+
+    def engine_info(self) -> dict[str, Any]:
+        """What the engine really is, read back from it once active: ``{}`` when the kind has nothing to add.
+
+        A kind that compiles a graph at a precision (OpenVINO) reports ``precision`` (asked for),
+        ``ran_precision`` (what its layers really ran in), its runtime version and device; the
+        parity gate judges the engine at ``ran_precision`` and reports a mismatch.
+        """
         return {}
 
     def precheck(self, feed: Mapping[str, object]) -> bool:

@@ -26,15 +26,15 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
 
 from toolchain.errors import FeedError, ToolchainError
 
-__all__ = ["ValueLimits", "check_output_path", "check_values", "engine_value_limits", "graph_value_limits",
-           "onnx_value_limits", "read_npz"]
+__all__ = ["ValueLimits", "check_output_path", "check_values", "engine_value_limits", "graph_inputs",
+           "graph_value_limits", "onnx_value_limits", "read_npz"]
 
 #: Operators that pass their first input's values through (reshaped or re-typed) to their output.
 _PASS_THROUGH = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand"}
@@ -137,6 +137,30 @@ def engine_value_limits(engine_path: Path, onnx_file: str, onnx_sha256: str) -> 
         if candidate.is_file() and sha256_file(candidate) == onnx_sha256:
             return onnx_value_limits(candidate)
     return {}
+
+
+def graph_inputs(model: onnx.ModelProto) -> dict[str, dict[str, Any]]:
+    """Graph inputs (not initializers) as ``{name: {"dtype": numpy name, "shape": dims}}`` for the sidecar.
+
+    Dims are ints when static, else the ``dim_param`` name (or None). BF16 inputs are fed as
+    float32 (numpy has no bfloat16), as the TensorRT and OpenVINO runners do.
+    """
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    from toolchain.export.graph import dims_of
+
+    weights = {i.name for i in model.graph.initializer}
+    out = {}
+    for value in model.graph.input:
+        if value.name in weights:
+            continue
+        elem = value.type.tensor_type.elem_type
+        try:
+            dtype = "float32" if elem == onnx.TensorProto.BFLOAT16 else tensor_dtype_to_np_dtype(elem).name
+        except (KeyError, ValueError, TypeError):
+            dtype = None
+        out[value.name] = {"dtype": dtype, "shape": dims_of(value)}
+    return out
 
 
 def _first(mask: np.ndarray) -> tuple[int, ...]:

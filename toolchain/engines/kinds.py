@@ -1,4 +1,6 @@
-"""The built-in engine kinds: ``torch``, ``onnxrt-cpu``, ``onnxrt-cpu-bf16emu``, ``onnxrt-cuda``, ``tensorrt``.
+"""The built-in engine kinds.
+
+``torch``, ``onnxrt-cpu``, ``onnxrt-cpu-bf16emu``, ``onnxrt-cuda``, ``tensorrt``, ``openvino-cpu``.
 
 Each is one :class:`~toolchain.engines.registry.EngineKind`; the backends are imported inside
 the factories, when a kind is used.
@@ -46,6 +48,12 @@ def _tensorrt(**kw: Any) -> Runner:
     return TrtRunner(**kw)
 
 
+def _openvino_cpu(**kw: Any) -> Runner:
+    from toolchain.engines.openvino import OvRunner
+
+    return OvRunner(**kw)
+
+
 # ---------------------------------------------------------------------- from export entries
 def _entry_path(base: Path | None, relative: str) -> Path:
     return Path(base) / relative if base is not None else Path(relative)
@@ -70,6 +78,15 @@ def _tensorrt_entry(entry: Entry, args: EntryArgs) -> Runner:
     if "engine" not in entry:
         raise EngineUnavailable("no TensorRT engine built for this graph")
     return _tensorrt(engine_path=_entry_path(args.build_dir, entry["engine"]), name=args.name)
+
+
+def _openvino_entry(entry: Entry, args: EntryArgs) -> Runner:
+    """A compiled file (``engine``, from the build stage) or, failing that, the graph compiled at its ``precision``."""
+    if "engine" in entry:
+        return _openvino_cpu(engine_path=_entry_path(args.build_dir, entry["engine"]), threads=args.threads,
+                             name=args.name)
+    return _openvino_cpu(onnx_path=_entry_path(args.export_dir, entry["path"]),
+                         precision=entry.get("precision", "fp32"), threads=args.threads, name=args.name)
 
 
 @contextlib.contextmanager
@@ -99,6 +116,32 @@ def _inspect_engine(path: Path) -> tuple[dict[str, Any], Any]:
     return feed_specs(sidecar)[0], engine_value_limits(path, sidecar.onnx_file, sidecar.onnx_sha256)
 
 
+def _inspect_openvino(path: Path) -> tuple[dict[str, Any], Any]:
+    from toolchain.engines.base import recorded_specs
+    from toolchain.engines.inputs import engine_value_limits
+    from toolchain.engines.openvino import read_sidecar
+
+    sidecar = read_sidecar(path)  # missing or malformed: a clear error; it describes the inputs
+    return recorded_specs(sidecar.profile, sidecar.inputs)[0], engine_value_limits(path, sidecar.onnx_file,
+                                                                                    sidecar.onnx_sha256)
+
+
+def _build_openvino(onnx_path: Path, out_path: Path, **kw: Any) -> Path:
+    from toolchain.engines.openvino import build_ov_engine
+
+    return build_ov_engine(onnx_path, out_path, **kw)
+
+
+def _openvino_unavailable(precision: str) -> str | None:
+    from toolchain.engines.openvino import unavailable_reason
+    from toolchain.errors import MissingDependencyError
+
+    try:
+        return unavailable_reason(precision)
+    except MissingDependencyError as exc:  # openvino not importable
+        return str(exc)
+
+
 def _build_tensorrt(onnx_path: Path, out_path: Path, **kw: Any) -> Path:
     from toolchain.engines.tensorrt.builder import build_engine
 
@@ -124,5 +167,10 @@ ONNXRT_CUDA = register_kind(EngineKind(
 TENSORRT = register_kind(EngineKind(
     "tensorrt", _tensorrt, _tensorrt_entry, suffixes=(".engine", ".plan", ".trt"), file_label="engine",
     runtime="TensorRT", gpu=True, clock="cuda-event", needs_build=True, builder=_build_tensorrt,
-    build_filter=lambda g: g["kind"] == "hydra" and g.get("lowering") == "conv",  # TensorRT wants grouped Conv
+    build_filter=lambda g: g.get("kind") == "hydra" and g.get("lowering") == "conv",  # TensorRT wants grouped Conv
     inspect_file=_inspect_engine))
+OPENVINO_CPU = register_kind(EngineKind(  # real BF16/FP16 on CPUs that have it; compiles FP32 graphs at a precision
+    "openvino-cpu", _openvino_cpu, _openvino_entry, suffixes=(".blob",), file_label="OpenVINO compiled model",
+    runtime="OpenVINO", needs_build=True, builder=_build_openvino, precision_from="build",
+    build_filter=lambda g: g.get("precision", "fp32") == "fp32", available=_openvino_unavailable,
+    inspect_file=_inspect_openvino))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +26,7 @@ from toolchain.errors import EngineError, MissingDependencyError
 
 Factory = Callable[..., Runner]
 Clock = Literal["wall", "cuda-event"]
+PrecisionFrom = Literal["graph", "build"]
 Entry = Mapping[str, Any]
 
 
@@ -76,6 +77,13 @@ class EngineKind:
         needs_build: the ``build`` stage must build its files from the export first.
         builder: ``(onnx_path, out_path, *, precision, profile, timing_cache) -> Path`` when
             ``needs_build``; ``build_filter(entry)`` picks the graphs it builds.
+        precision_from: ``"graph"``: it runs a graph in the precision the graph was exported in
+            (ONNX Runtime; TensorRT, strongly typed); ``"build"``: it compiles an FP32 graph at a
+            precision it is asked for (OpenVINO's inference-precision hint), so one FP32 graph
+            gives an engine per precision (:func:`build_plan`) and an ``.onnx`` file can be run at
+            any precision (compiled when the runner is activated).
+        available: ``precision -> reason`` why this machine cannot run the precision, None when
+            it can (OpenVINO: the CPU's BF16/FP16 capabilities, read at run time).
         selectable: it may be named in a recipe's ``engines`` and by ``infer --engine`` (False
             for a kind used only as a substitute).
         default: in a recipe's default ``engines`` list.
@@ -100,6 +108,8 @@ class EngineKind:
     needs_build: bool = False
     builder: Callable[..., Path] | None = None
     build_filter: Callable[[Entry], bool] = lambda entry: True
+    precision_from: PrecisionFrom = "graph"
+    available: Callable[[str], str | None] | None = None
     selectable: bool = True
     default: bool = False
     reference: bool = False
@@ -116,6 +126,17 @@ class EngineKind:
     def runs_files(self) -> bool:
         """It runs exported files (not a PyTorch module)."""
         return bool(self.suffixes)
+
+    @property
+    def compiles(self) -> bool:
+        """It compiles FP32 graphs at a precision (``precision_from == "build"``): ``.onnx`` files run too."""
+        return self.precision_from == "build"
+
+    def unavailable(self, precision: str) -> str | None:
+        """Why this machine cannot run ``precision`` with this kind (None: it can)."""
+        if precision not in self.precisions and precision not in self.substitutes:
+            return self.unsupported.get(precision, f"{self.name} does not run {precision}")
+        return self.available(precision) if self.available is not None else None
 
 
 _REGISTRY: dict[str, EngineKind] = {}
@@ -225,16 +246,47 @@ def runner_for(
                                             module=module, input_specs=input_specs))
 
 
+def build_plan(kind: str, graphs: Mapping[str, Entry], precisions: Sequence[str]) -> list[tuple[str, str, str]]:
+    """``(engine name, graph name, precision)`` of every engine the build stage makes for ``kind``.
+
+    A kind that runs a graph's own precision builds each graph its ``build_filter`` picks, at that
+    precision (TensorRT: ``hydra-conv.fp16`` from ``hydra-conv.fp16.onnx``). A kind that compiles
+    FP32 graphs at a precision builds each FP32 graph once per precision, named as the export names
+    its variants (``single.bf16`` from ``single.onnx``; FP32 keeps the graph's name).
+    """
+    spec = engine_kind(kind)
+    picked = [(name, g) for name, g in graphs.items() if spec.build_filter(g)]
+    if not spec.compiles:
+        return [(name, name, str(g.get("precision", "fp32"))) for name, g in picked]
+    return [(name if p == "fp32" else f"{name}.{p}", name, p)
+            for name, g in picked if g.get("precision", "fp32") == "fp32" for p in precisions]
+
+
 def read_built(build_dir: Path, kind: str) -> dict[str, dict[str, Any]]:
-    """Graph name -> ``engines.json`` entry of what the build stage built (MissingDependencyError if nothing)."""
+    """Engine name -> ``engines.json`` entry the build stage wrote for ``kind`` (MissingDependencyError: none).
+
+    ``engines.json`` holds one record per kind the recipe asked to build: ``{"engines": {...},
+    "unavailable": {name: reason}}``, or ``{"skipped": reason}`` when the kind could not build at all.
+    """
     path = Path(build_dir) / "engines.json"
     if not path.is_file():
         raise MissingDependencyError(f"{kind}: no engines.json in {build_dir}; build the engines first "
-                                     "(hydra-toolchain build, on a machine with a GPU and tensorrt).")
-    data = json.loads(path.read_text())
+                                     "(hydra-toolchain build).")
+    data = json.loads(path.read_text()).get(kind)
+    if data is None:
+        raise MissingDependencyError(f"{kind}: the build stage built nothing for it (engines.json in {build_dir} has "
+                                     "no record of it); add it to the recipe's engines.")
     if "skipped" in data:
         raise MissingDependencyError(f"{kind}: the build stage skipped the engines: {data['skipped']}")
-    return dict(data)
+    return dict(data.get("engines", {}))
+
+
+def read_unavailable(build_dir: Path, kind: str) -> dict[str, str]:
+    """Engine name -> why the build stage could not build it here (a precision this machine lacks)."""
+    path = Path(build_dir) / "engines.json"
+    if not path.is_file():
+        return {}
+    return dict((json.loads(path.read_text()).get(kind) or {}).get("unavailable", {}))
 
 
 def entries_for(kind: str, graphs: Mapping[str, Entry], *, build_dir: Path) -> dict[str, Entry]:

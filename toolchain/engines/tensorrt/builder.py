@@ -24,10 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import onnx
-from onnx import TensorProto
-
 from toolchain.artifacts import atomic_write_bytes, atomic_write_json, sha256_file
+from toolchain.engines.inputs import graph_inputs
 from toolchain.engines.tensorrt._deps import current_identity, import_tensorrt, require_cuda
 from toolchain.engines.tensorrt.sidecar import EngineSidecar, sidecar_path
 from toolchain.errors import EngineError, GraphError
@@ -38,30 +36,6 @@ log = logging.getLogger(__name__)
 
 Precision = Literal["fp32", "fp16", "bf16"]
 ProfileShapes = Mapping[str, tuple[Sequence[int], Sequence[int], Sequence[int]]]
-def graph_inputs(model: onnx.ModelProto) -> dict[str, dict[str, Any]]:
-    """Graph inputs (not initializers) as ``{name: {"dtype": numpy name, "shape": dims}}`` for the sidecar.
-
-    Dims are ints when static, else the ``dim_param`` name (or None). BF16 inputs are fed as
-    float32 (numpy has no bfloat16), as :class:`~toolchain.engines.tensorrt.runner.TrtRunner` does.
-    """
-    from onnx.helper import tensor_dtype_to_np_dtype
-
-    from toolchain.export.graph import dims_of
-
-    weights = {i.name for i in model.graph.initializer}
-    out = {}
-    for value in model.graph.input:
-        if value.name in weights:
-            continue
-        elem = value.type.tensor_type.elem_type
-        try:
-            dtype = "float32" if elem == TensorProto.BFLOAT16 else tensor_dtype_to_np_dtype(elem).name
-        except (KeyError, ValueError, TypeError):
-            dtype = None
-        out[value.name] = {"dtype": dtype, "shape": dims_of(value)}
-    return out
-
-
 def _validate(precision: str, profile: ProfileShapes, workspace_gb: float) -> dict[str, list[list[int]]]:
     if precision not in ("fp32", "fp16", "bf16"):
         raise EngineError(f"build_engine: precision must be 'fp32', 'fp16' or 'bf16', got '{precision}'.")

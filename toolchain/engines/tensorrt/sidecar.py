@@ -108,27 +108,11 @@ def _check_types(sidecar: EngineSidecar) -> None:
 def feed_specs(sidecar: EngineSidecar) -> tuple[dict[str, Any], dict[str, Any], bool]:
     """What the sidecar says about the inputs: ``(specs, limits, complete)`` for :func:`check_feed`.
 
-    With the recorded ``inputs`` the specs are complete (names, dtypes, ranks, static dims);
-    otherwise they come from the profile alone (names in the profile, ranks; dtypes unknown).
-    ``limits`` are the profile's min/max shapes.
+    :func:`~toolchain.engines.base.recorded_specs` of the sidecar's ``profile`` and ``inputs``.
     """
-    import numpy as np
+    from toolchain.engines.base import recorded_specs
 
-    from toolchain.engines.base import ShapeLimits, TensorSpec
-
-    limits = {name: ShapeLimits(tuple(lo), tuple(hi)) for name, (lo, _opt, hi) in sidecar.profile.items()}
-    if sidecar.inputs:
-        specs = {}
-        for name, spec in sidecar.inputs.items():
-            try:
-                dtype = np.dtype(spec["dtype"]) if spec.get("dtype") else None
-            except TypeError:
-                dtype = None
-            specs[name] = TensorSpec(dtype, tuple(spec["shape"]))
-        return specs, limits, True
-    specs = {name: TensorSpec(None, tuple(lo if lo == hi else None for lo, hi in zip(lim.min_shape, lim.max_shape)))
-             for name, lim in limits.items()}
-    return specs, limits, False
+    return recorded_specs(sidecar.profile, sidecar.inputs)
 
 
 def compatibility_problems(built: RuntimeIdentity, current: RuntimeIdentity) -> list[str]:
