@@ -128,7 +128,6 @@ for _name, _doc in [
     ("score", "Score every attention head (runs load and fine-tuning first when needed)."),
     ("prune", "Make the M pruned members and their diversity report."),
     ("fuse", "Fuse the members into one Hydra model (safetensors + JSON config) and print its summary."),
-    ("build", "Build TensorRT engines where tensorrt and a CUDA GPU are available."),
     ("report", "Write the results report (Markdown + HTML)."),
 ]:
     _stage_command(_name, _doc)
@@ -156,6 +155,9 @@ def export_command(
     opset: Annotated[int, typer.Option("--opset", metavar="N", help="ONNX opset")] = 17,
     trt_version: Annotated[str, typer.Option("--trt-version", metavar="V",
                                              help="TensorRT version the lint checks against")] = "10",
+    engine: Annotated[str | None, typer.Option("--engine", metavar="LIST", help="also build engine files of these "
+                                               "kinds (openvino-cpu: each FP32 graph at each --precision; tensorrt), "
+                                               "engines.json", show_default=False)] = None,
     profile: ProfileOpt = None,
     force: ForceOpt = None,
 ) -> None:
@@ -176,7 +178,7 @@ def export_command(
     options = ExportOptions(lowerings=_csv_choice(lowering, "--lowering", ("conv", "matmul")),
                             precisions=_csv_choice(precision, "--precision", ("fp32", "fp16", "bf16")),
                             batch=Range.parse(batch, "--batch"), sequence=Range.parse(seq, "--seq"), opset=opset,
-                            trt_version=trt_version)
+                            trt_version=trt_version, engines=_built_kinds_option(engine))
     say = (lambda line: None) if _STATE["quiet"] else (lambda line: console.print(f"  {escape(line)}", highlight=False))
     result = export_graphs(src, out, options, say=say)
     if not result["ok"]:
@@ -184,6 +186,27 @@ def export_command(
                       "(graphs.json has the details)")
         raise typer.Exit(1)
     console.print(f"[green]ok[/green]: {len(result['graphs'])} graph(s) in {escape(str(out))} match PyTorch")
+    _say_engines(result.get("engines", {}), out)
+
+
+def _built_kinds_option(text: str | None) -> list[str]:
+    """``--engine LIST`` of a command that builds engine files: kinds that need a build, checked."""
+    from toolchain.engines import engine_kinds
+
+    allowed = [s.name for s in engine_kinds(selectable=True) if s.needs_build]
+    return _csv_choice(text, "--engine", tuple(allowed)) if text is not None else []
+
+
+def _say_engines(records: dict[str, Any], out: Path) -> None:
+    """One line per kind of ``engines.json``: built, unavailable here (why), skipped (why)."""
+    for kind, record in records.items():
+        if "skipped" in record:
+            console.print(f"[yellow]{kind} skipped[/yellow]: {escape(record['skipped'])}", highlight=False)
+            continue
+        built = ", ".join(record["engines"]) or "none"
+        console.print(f"[green]{kind}[/green]: built {escape(built)} in {escape(str(out))}", highlight=False)
+        for name, why in record.get("unavailable", {}).items():
+            console.print(f"  [yellow]{kind} {escape(name)} unavailable here[/yellow]: {escape(why)}", highlight=False)
 
 
 def _csv_choice(text: str, option: str, allowed: tuple[str, ...]) -> list[str]:
@@ -196,11 +219,15 @@ def _csv_choice(text: str, option: str, allowed: tuple[str, ...]) -> list[str]:
 
 @app.command(name="bench")
 def bench_command(
-    graphs: Annotated[list[Path], typer.Argument(help="ONNX graphs (the first is the reference of the ratios), or "
-                                                 "one recipe YAML file (runs the recipe up to its bench stage)",
-                                                 show_default=False)],
-    engine: Annotated[str | None, typer.Option("--engine", metavar="KIND", help="engine kind that runs the graphs "
-                                               "(default: the CPU kind every recipe has)")] = None,
+    graphs: Annotated[list[Path], typer.Argument(help="ONNX graphs or engine files (the first is the reference of the "
+                                                 "ratios), or one recipe YAML file (runs the recipe up to its bench "
+                                                 "stage)", show_default=False)],
+    engine: Annotated[str | None, typer.Option("--engine", metavar="LIST", help="engine kinds, comma-separated "
+                                               "(default: the CPU kind every recipe has); every (file, kind, "
+                                               "precision) is one variant of one interleaved run")] = None,
+    precision: Annotated[str | None, typer.Option("--precision", metavar="LIST", help="precisions, comma-separated: "
+                                                  "a compiling kind (openvino-cpu) builds each FP32 graph at each "
+                                                  "(default: each file's own)", show_default=False)] = None,
     batch: Annotated[str, typer.Option("--batch", metavar="LIST", help="batch sizes, comma-separated")] = "1,8",
     seq: Annotated[int, typer.Option("--seq", metavar="N", help="tokens per sample (text graphs)")] = 128,
     threads: Annotated[int, typer.Option("--threads", metavar="N", help="intra-op threads per session")] = 2,
@@ -220,30 +247,73 @@ def bench_command(
 
         run_pipeline(_context(graphs[0], profile, force), until="bench")
         return
-    from toolchain.engines import engine_kinds
     from toolchain.verbs import bench_graphs, bench_table
 
-    runs_files = [k.name for k in engine_kinds() if k.runs_files]
-    if engine is not None and engine not in runs_files:
-        raise ToolchainError(f"--engine '{engine}': use one of {', '.join(runs_files)}.")
     try:
         sizes = [int(b) for b in batch.split(",") if b.strip()]
     except ValueError:
         raise ToolchainError(f"--batch '{batch}': use comma-separated integers, e.g. 1,8.") from None
-    result = bench_graphs(graphs, engine=engine, batch_sizes=sizes, sequence_length=seq, threads=threads,
-                          warmup=warmup, rounds=rounds, out=out, progress=not _STATE["quiet"])
-    ran = result["settings"]["engines"][0]
-    status = result["engines"].get(ran, {})
-    if status.get("status") != "ok":
-        raise ToolchainError(f"bench: {ran} did not run: {status.get('reason', 'unknown reason')}.")
-    print(bench_table(result, next(iter(result["plan"]))))
+    result = bench_graphs(graphs, engine=engine, precision=precision, batch_sizes=sizes, sequence_length=seq,
+                          threads=threads, warmup=warmup, rounds=rounds, out=out, progress=not _STATE["quiet"])
+    ran = [k for k, v in result["engines"].items() if v.get("status") == "ok"]
+    if not ran:
+        reasons = "; ".join(f"{k}: {v.get('reason', 'unknown reason')}" for k, v in result["engines"].items())
+        raise ToolchainError(f"bench: no engine ran: {reasons}.")
+    for label, reason in {**result.get("skipped", {}), **{k: v.get("reason", "") for k, v in
+                                                            result["engines"].items() if k not in ran}}.items():
+        console.print(f"  [yellow]skipped[/yellow] {escape(label)}: {escape(reason)}", highlight=False)
+    print(bench_table(result, result["first"]))
     if out is not None:
         console.print(f"[green]ok[/green]: {escape(str(out))}/bench.json, bench.md, bench.png")
 
 
+@app.command(name="build")
+def build_command(
+    targets: Annotated[list[Path], typer.Argument(help="ONNX graphs, or one recipe YAML file (runs the recipe up to "
+                                                  "its build stage)", show_default=False)],
+    engine: Annotated[str, typer.Option("--engine", metavar="LIST", help="kinds to build, comma-separated: "
+                                        "openvino-cpu (each FP32 graph at each --precision), tensorrt")]
+    = "openvino-cpu",
+    precision: Annotated[str, typer.Option("--precision", metavar="LIST", help="precisions, comma-separated: fp32, "
+                                           "fp16, bf16 (a precision this machine lacks is reported, not built)")]
+    = "fp32,bf16",
+    out: Annotated[Path | None, typer.Option("--out", "-o", metavar="DIR", help="output folder (graph files): engine "
+                                             "files, their sidecars and engines.json", show_default=False)] = None,
+    batch: Annotated[str, typer.Option("--batch", metavar="MIN:OPT:MAX", help="batch sizes the engines "
+                                       "take")] = "1:8:32",
+    seq: Annotated[str, typer.Option("--seq", metavar="MIN:OPT:MAX", help="sequence lengths (text "
+                                     "graphs)")] = "8:64:128",
+    profile: ProfileOpt = None,
+    force: ForceOpt = None,
+) -> None:
+    """Build engine files (OpenVINO compiled models, TensorRT engines) from ONNX graphs, each with its sidecar.
+
+    With a recipe: its build stage (every engine kind of the recipe that needs a build).
+    """
+    if len(targets) == 1 and _is_recipe(targets[0]):
+        from toolchain.pipeline import run_pipeline
+
+        run_pipeline(_context(targets[0], profile, force), until="build")
+        return
+    from toolchain.verbs import Range
+    from toolchain.verbs.build import build_files
+
+    if out is None:
+        raise ToolchainError("build GRAPH...: give the output folder with -o/--out.")
+    say = (lambda line: None) if _STATE["quiet"] else (lambda line: console.print(f"  {escape(line)}", highlight=False))
+    records = build_files(targets, out, engines=_built_kinds_option(engine),
+                          precisions=_csv_choice(precision, "--precision", ("fp32", "fp16", "bf16")),
+                          batch=Range.parse(batch, "--batch"), sequence=Range.parse(seq, "--seq"), say=say)
+    _say_engines(records, out)
+    if not any(r.get("engines") for r in records.values()):
+        from toolchain.errors import MissingDependencyError
+
+        raise MissingDependencyError(f"build: nothing was built in {out} (engines.json says why).")
+
+
 @app.command(name="inspect")
 def inspect_command(
-    path: Annotated[Path, typer.Argument(help="an .onnx graph, a TensorRT engine or a Hydra folder",
+    path: Annotated[Path, typer.Argument(help="an .onnx graph, an engine file (TensorRT, OpenVINO) or a Hydra folder",
                                          show_default=False)],
     as_json: Annotated[bool, typer.Option("--json", help="print the description as JSON on stdout")] = False,
 ) -> None:
@@ -280,11 +350,13 @@ def parity(
                                                   show_default=False)] = None,
     uq_tol: Annotated[list[str] | None, typer.Option("--uq-tol", metavar="METRIC:DELTA", help="allowed UQ-metric "
                                                      "difference ('*': every metric)", show_default=False)] = None,
-    engine: Annotated[str | None, typer.Option("--engine", metavar="KIND", help="engine kind that runs .onnx graphs "
-                                               "(default: the CPU kind every recipe has)", show_default=False)] = None,
-    precision: Annotated[str | None, typer.Option("--precision", metavar="P", help="precision of engine files whose "
-                                                  "name does not say it (graphs: read from the graph)",
-                                                  show_default=False)] = None,
+    engine: Annotated[str | None, typer.Option("--engine", metavar="LIST", help="engine kinds that run the graphs, "
+                                               "comma-separated (default: the CPU kind every recipe has); a kind that "
+                                               "compiles (openvino-cpu) builds each FP32 graph at each --precision",
+                                               show_default=False)] = None,
+    precision: Annotated[str | None, typer.Option("--precision", metavar="LIST", help="precisions, comma-separated: "
+                                                  "fp32, fp16, bf16 (default: each graph's own; engine files: their "
+                                                  "sidecar's)", show_default=False)] = None,
     tokenizer: Annotated[Path | None, typer.Option("--tokenizer", metavar="DIR", help="tokenizer folder for --data "
                                                    "(default: the reference folder)", show_default=False)] = None,
     max_length: Annotated[int, typer.Option("--max-length", metavar="N", help="tokens per text")] = 128,
@@ -315,8 +387,6 @@ def parity(
     if reference is None:
         raise ToolchainError("parity GRAPH...: give the PyTorch source with --reference (the checkpoint or Hydra "
                              "folder the graphs were exported from).")
-    if precision is not None and precision not in ("fp32", "fp16", "bf16"):
-        raise ToolchainError(f"--precision '{precision}': use fp32, fp16 or bf16.")
     for option, value in (("--max-length", max_length), ("--batch-size", batch_size), ("--max-rows", max_rows)):
         if value is not None and value < (2 if option == "--max-length" else 1):
             raise ToolchainError(f"{option} {value}: use a positive number.")

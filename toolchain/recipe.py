@@ -275,10 +275,18 @@ class BenchSection(_Strict):
     """Latency measurement settings."""
 
     batch_sizes: list[int] = [1, 8]
-    sequence_length: int = Field(128, ge=1)
+    #: tokens per generated text sample; None: the recipe's model.max_length (the length users run)
+    sequence_length: int | None = Field(None, ge=1)
     threads: int = Field(2, ge=1)
     warmup: int = Field(3, ge=0)
     rounds: int = Field(15, ge=1)
+    #: precisions timed: each engine kind runs those it runs for real (ONNX Runtime CPU: fp32, fp16; OpenVINO: the
+    #: engines it built, bf16/fp16 where the CPU has them); an emulator stands in for parity only, never here
+    precisions: list[Literal["fp32", "fp16", "bf16"]] = ["fp32"]
+    #: rows per batch of the real-row pass (the test split in token-length batches: rows per second); 0: none
+    rows_batch: int = Field(32, ge=0)
+    #: interleaved passes over the test split
+    rows_rounds: int = Field(3, ge=1)
 
 
 class ParitySection(_Strict):
@@ -400,6 +408,9 @@ _LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("data", "near_ood"): None,
     ("pruning", "recovery", "distill"): 0.0,
     ("pruning", "recovery", "temperature"): 2.0,
+    ("bench", "precisions"): ["fp32"],
+    ("bench", "rows_batch"): 32,
+    ("bench", "rows_rounds"): 3,
 }
 
 

@@ -17,6 +17,14 @@ same statistics tell which of them each candidate rule catches. Scaling atol and
 divides every ``e`` by ``k``, so "max e <= k" is the max rule with both tolerances ``k`` times
 the defaults.
 
+Real arithmetic (``--engines ...,openvino-cpu``): every FP32 graph is also compiled by OpenVINO
+at FP16/BF16 where this CPU runs it (real BF16 kernels on AVX512-BF16/AMX), correct and wrong
+graphs alike, beside the emulation. For each such engine the differential rule is evaluated too:
+the engine's error against the PyTorch reference may be at most ``k`` times the error of the
+emulation of the same (correct) graph on the same rows, on the max and on the 0.999 quantile of
+``e`` (k = 2 and 3; the pattern of PyTorch's ``torch._dynamo.utils.same`` and FlashAttention's
+tests), so a false-alarm and a catch rate are reported for it next to the default rule's.
+
     hydra-toolchain run recipes/vit-fashion-mnist.yaml
     python benchmarks/parity_tolerances/eval_size.py --recipe recipes/vit-fashion-mnist.yaml --out F.json
 """
@@ -65,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default=None)
     p.add_argument("--out", type=Path, help="also write the JSON here")
     p.add_argument("--no-wrong", action="store_true", help="skip the perturbed graphs")
+    p.add_argument("--engines", default="emulated,openvino-cpu",
+                   help="emulated (ONNX Runtime FP16 / the exact BF16 emulation on the converted graph) and/or "
+                        "openvino-cpu (the FP32 graph compiled at the precision, where this CPU runs it)")
     args = p.parse_args(argv)
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
 
     import onnx
     import torch
@@ -102,13 +114,28 @@ def main(argv: list[str] | None = None) -> int:
         outs = infer(make_runner(kind, path=path, intra_op_threads=2))
         return [{k: o[k] for k in outputs} for o in outs]
 
+    from toolchain.engines import engine_kind
+
+    ov = engine_kind("openvino-cpu")
+    real = [p for p in ("fp16", "bf16") if "openvino-cpu" in engines and ov.unavailable(p) is None]
+    result_unavailable = {p: ov.unavailable(p) for p in ("fp16", "bf16") if ov.unavailable(p) is not None}
+
+    def ov_run(path: Path, precision: str, outputs: list[str]) -> tuple[list[dict[str, np.ndarray]], str]:
+        runner = make_runner("openvino-cpu", onnx_path=path, precision=precision, threads=2)
+        with runner:
+            outs = [{k: np.asarray(v, np.float64) for k, v in runner.infer(f).items() if k in outputs}
+                    for f in feeds]
+            return outs, runner.engine_info()["ran_precision"]
+
     result: dict[str, Any] = {"recipe": ctx.recipe.name, "rows": {"id": int(sum(len(y) for _, y in ident)),
                                                                   "ood": int(sum(len(next(iter(f.values())))
                                                                                  for f in ood))},
-                              "generated_feeds": len(generated), "correct": {}, "wrong": {}}
+                              "generated_feeds": len(generated), "correct": {}, "wrong": {},
+                              "openvino_unavailable": result_unavailable}
     modules = {"hydra": (load_hydra(ctx.stage_dir("fuse") / "hydra"), ["probs", "member_logits"]),
                "single": (SingleModel(base), ["logits", "probs"])}
     refs = {}
+    emulated: dict[str, Any] = {}  # graph -> the emulation's statistics (the differential rule's yardstick)
     for group, (module, outputs) in modules.items():
         refs[group] = infer(make_runner(reference_kind(), module=module, input_specs=specs, output_names=outputs,
                                         name=f"torch-{group}"))
@@ -119,6 +146,19 @@ def main(argv: list[str] | None = None) -> int:
             outs = graph_run(export / g["path"], g["precision"], outputs)
             res = {name: _per_output(refs[group], outs, name, g["precision"], len(generated), n_ident)
                    for name in outputs}
+            if g["precision"] in real:  # the FP32 graph on OpenVINO's real kernels at this precision
+                fp32_path = export / graphs[gname.rsplit(".", 1)[0]]["path"]
+                ov_outs, ran = ov_run(fp32_path, g["precision"], outputs)
+                ov_res = {name: _per_output(refs[group], ov_outs, name, g["precision"], len(generated), n_ident)
+                          for name in outputs}
+                for name in outputs:
+                    ov_res[name]["differential"] = _differential(ov_res[name], res[name])
+                result["correct"][f"{gname}@openvino-cpu"] = {**ov_res, "ran_precision": ran}
+                emulated[gname] = res
+                print(f"{gname}@openvino-cpu (ran {ran})", json.dumps(
+                    {k: {s: round(v[s], 4) if isinstance(v[s], float) else v[s]
+                         for s in ("max", "q0.999", "worst_feed_q0.99", "over_1", "passes_default_rule")}
+                     | {"differential": v["differential"]} for k, v in ov_res.items()}), flush=True)
             if g["precision"] == "bf16":  # a BF16-quality engine must fail the FP16 rule (a silent precision loss)
                 res["under_fp16_rule"] = {name: _per_output(refs[group], outs, name, "fp16", len(generated), n_ident)
                                           for name in outputs}
@@ -152,6 +192,26 @@ def main(argv: list[str] | None = None) -> int:
                     print(kind, precision, "logits max e (min/median/max):",
                           np.quantile([r["logits"]["max"] for r in rows], [0, 0.5, 1]).round(3).tolist(),
                           f"caught by the default rule {caught}/{len(rows)}", flush=True)
+                    if precision not in real:
+                        continue
+                    rows = []  # the wrong FP32 graph on OpenVINO's real kernels at this precision
+                    yardstick = emulated.get(f"single.{precision}")
+                    for w in weights:
+                        path = Path(tmp) / "wrong.onnx"
+                        onnx.save(make(w), str(path))
+                        outs, _ran = ov_run(path, precision, ["logits", "probs"])
+                        row = {"weight": w}
+                        for n in ("logits", "probs"):
+                            row[n] = _per_output(refs["single"], outs, n, precision, len(generated), n_ident)
+                            if yardstick is not None:
+                                row[n]["differential"] = _differential(row[n], yardstick[n])
+                        rows.append(row)
+                    summary = {"caught_by_default_rule": f"{_caught(rows, None)}/{len(rows)}", "weights": rows}
+                    if yardstick is not None:
+                        summary |= {f"caught_by_differential_k{k}": f"{_caught(rows, k)}/{len(rows)}" for k in (2, 3)}
+                    result["wrong"][f"{kind}_{precision}@openvino-cpu"] = summary
+                    print(kind, precision, "openvino-cpu:", {k: v for k, v in summary.items() if k != "weights"},
+                          flush=True)
     result["seconds"] = time.time() - t0
     text = json.dumps(result, indent=1)
     if args.out:
@@ -174,6 +234,27 @@ def _per_output(ref: list[dict[str, np.ndarray]], cand: list[dict[str, np.ndarra
                          feed_sizes=[r[name].size for r in ref])
     return {**_stats(e, _first_rows(data, n_ident)), "worst_feed_q0.99": rule.feed_value,
             "passes_default_rule": rule.passed, "failed_clause": rule.failed, "default_rule": tol.describe()}
+
+
+def _differential(candidate: dict[str, Any], emulation: dict[str, Any]) -> dict[str, Any]:
+    """The candidate's error relative to the emulation's (same rows): ratios of max and q0.999 of ``e``.
+
+    ``passes_k2`` / ``passes_k3``: both ratios <= k (an emulation error of 0 counts as 1e-3 of the rule, so a
+    bit-exact emulation does not make every real engine fail).
+    """
+    floor = 1e-3
+    ratio_max = candidate["max"] / max(emulation["max"], floor)
+    ratio_q = candidate["q0.999"] / max(emulation["q0.999"], floor)
+    return {"ratio_max": ratio_max, "ratio_q0.999": ratio_q,
+            **{f"passes_k{k}": bool(ratio_max <= k and ratio_q <= k) for k in (2, 3)}}
+
+
+def _caught(rows: list[dict[str, Any]], k: int | None) -> int:
+    """Wrong graphs the default rule (k None) or the differential rule with ``k`` fails on logits or probs."""
+    def passes(r: dict[str, Any]) -> bool:
+        return r["passes_default_rule"] if k is None else r["differential"][f"passes_k{k}"]
+
+    return sum(not (passes(r["logits"]) and passes(r["probs"])) for r in rows)
 
 
 if __name__ == "__main__":

@@ -28,3 +28,17 @@ def test_per_output_statistics_and_the_default_rules_verdict(parity_eval_size, t
     assert out["max"] == pytest.approx(tail) and out["q0.999"] < 0.31
     assert out["max_first_256_rows"] < 0.31  # the tail is not in the first 128 OOD rows
     assert out["passes_default_rule"] is passes and "max <= 4" in out["default_rule"]
+
+
+def test_the_differential_rule_compares_with_the_emulation_of_the_same_graph(parity_eval_size):
+    emu = {"max": 1.0, "q0.999": 0.4}
+    same = parity_eval_size._differential({"max": 2.0, "q0.999": 0.5}, emu)
+    assert same["ratio_max"] == pytest.approx(2.0) and same["passes_k2"] and same["passes_k3"]
+    worse = parity_eval_size._differential({"max": 2.5, "q0.999": 0.5}, emu)
+    assert not worse["passes_k2"] and worse["passes_k3"]
+    exact = parity_eval_size._differential({"max": 0.002, "q0.999": 0.001}, {"max": 0.0, "q0.999": 0.0})
+    assert exact["passes_k2"]  # an exact emulation is floored, not a division by zero
+    rows = [{"logits": {"passes_default_rule": True, "differential": same},
+             "probs": {"passes_default_rule": True, "differential": worse}}]
+    assert parity_eval_size._caught(rows, None) == 0 and parity_eval_size._caught(rows, 2) == 1
+    assert parity_eval_size._caught(rows, 3) == 0

@@ -106,3 +106,17 @@ def run_cli(*args: str) -> SimpleNamespace:
         except SystemExit as exc:
             code = int(exc.code or 0)
     return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def tiny_with_tokenizer(classes: list[str], seed: int = 0, scale: float = 300.0) -> torch.nn.Module:
+    """Hidden 32, 2 layers x 4 heads, MiniLM's vocabulary; the classifier scaled so probabilities spread."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=128, num_labels=len(classes),
+                                  id2label=dict(enumerate(classes)), label2id={n: i for i, n in enumerate(classes)})
+    model = transformers.BertForSequenceClassification(cfg).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(scale)
+    return model

@@ -19,57 +19,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-import torch
-from export_models import run_cli
+from export_models import run_cli, tiny_with_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
 
 
 main = run_cli  # the entry point in this process (tests/export/export_models.py)
-
-
-def _tiny_with_tokenizer(classes: list[str], seed: int = 0, scale: float = 300.0) -> torch.nn.Module:
-    """Hidden 32, 2 layers x 4 heads, MiniLM's vocabulary; the classifier scaled so probabilities spread."""
-    import transformers
-
-    torch.manual_seed(seed)
-    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=64, max_position_embeddings=128, num_labels=len(classes),
-                                  id2label=dict(enumerate(classes)), label2id={n: i for i, n in enumerate(classes)})
-    model = transformers.BertForSequenceClassification(cfg).eval()
-    with torch.no_grad():
-        model.classifier.weight.mul_(scale)
-    return model
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory) -> dict[str, Path]:
-    from toolchain.data import load_tweets
-    from toolchain.hydra import fuse, save_hydra
-    from toolchain.models import load_model, load_tokenizer, resolve_source, save_model
-    from toolchain.verbs import ExportOptions, Range, export_graphs
-
-    tmp = tmp_path_factory.mktemp("parity-verb")
-    tweets = load_tweets()
-    rows = np.random.default_rng(3).permutation(len(tweets.texts))
-    for name, part in (("data.csv", rows[:70]), ("ood.csv", rows[70:110])):
-        with (tmp / name).open("w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(["text", "label"])
-            w.writerows((tweets.texts[i], tweets.class_names[int(tweets.labels[i])]) for i in part)
-    tok = load_tokenizer(resolve_source("packaged:all-MiniLM-L6-v2"))
-    ckpt = save_model(_tiny_with_tokenizer(list(tweets.class_names)), tmp / "ckpt", tokenizer=tok)
-    adapter = load_model(ckpt, tokenizer=False).adapter
-    keep = torch.ones(2, 2, 4, dtype=torch.bool)
-    keep[0, :, :2] = False
-    keep[1, :, 2:] = False
-    hydra = save_hydra(fuse(adapter, keep, mlp="average"), tmp / "hydra", tokenizer=tok)
-    shapes = {"batch": Range(1, 8, 32), "sequence": Range(8, 64, 128)}
-    export_graphs(ckpt, tmp / "g", ExportOptions(precisions=("fp32", "fp16"), **shapes))
-    export_graphs(hydra, tmp / "g", ExportOptions(lowerings=("conv",), precisions=("fp32", "fp16", "bf16"), **shapes))
-    return {"tmp": tmp, "ckpt": ckpt, "hydra": hydra, "data": tmp / "data.csv", "ood": tmp / "ood.csv",
-            "g": tmp / "g"}
 
 
 def test_parity_of_hydra_graphs_on_a_csv_passes_and_writes_reports(files, tmp_path):
@@ -176,7 +132,7 @@ def test_rescue_of_an_fp16_graph_that_overflows(tmp_path):
     from toolchain.models import save_model
     from toolchain.verbs import ExportOptions, Range, export_graphs
 
-    model = _tiny_with_tokenizer(["a", "b", "c"], seed=1, scale=3e6)  # pooled output in [-1, 1]: logits ~1e5
+    model = tiny_with_tokenizer(["a", "b", "c"], seed=1, scale=3e6)  # pooled output in [-1, 1]: logits ~1e5
     ckpt = save_model(model, tmp_path / "ckpt")
     export_graphs(ckpt, tmp_path / "g", ExportOptions(precisions=("fp32", "fp16"), batch=Range(1, 8, 32),
                                                       sequence=Range(8, 64, 128)))

@@ -19,7 +19,7 @@ from typing import Any
 from toolchain.artifacts import atomic_write_bytes, atomic_write_json, atomic_write_text
 from toolchain.bench.roofline import variant_cost_key
 
-_LIBRARIES = ("onnxruntime", "onnxruntime-gpu", "onnx", "torch", "numpy", "transformers", "tensorrt")
+_LIBRARIES = ("onnxruntime", "onnxruntime-gpu", "openvino", "onnx", "torch", "numpy", "transformers", "tensorrt")
 
 
 # ---------------------------------------------------------------------------------- machine
@@ -91,7 +91,7 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
 def machine_line(machine: Mapping[str, Any]) -> str:
     """One Markdown line describing the machine."""
     v = machine.get("versions", {})
-    libs = ", ".join(f"{k} {v[k]}" for k in ("onnxruntime", "torch", "numpy", "onnx") if k in v)
+    libs = ", ".join(f"{k} {v[k]}" for k in ("onnxruntime", "openvino", "torch", "numpy", "onnx") if k in v)
     load = machine.get("loadavg_start")
     return (f"{machine.get('processor')}, {machine.get('usable_cores')} usable cores, "
             f"{machine.get('threads')} threads; {libs}; load average at start {load}, "
@@ -125,7 +125,7 @@ def latency_table(result: Mapping[str, Any]) -> str:
         for name, v in case["variants"].items():
             suffix = name[len(name.split(".")[0]):]
             single = f"{name}/single{suffix}" if name != f"single{suffix}" else ""
-            ensemble = f"{name}/deep-ensemble" if name.startswith("hydra") and not suffix else ""
+            ensemble = f"{name}/deep-ensemble{suffix}" if name.startswith("hydra") else ""
             roof = case.get("roofline", {}).get(name)
             cells = [case["engine"], str(case["batch"]), name, _ms(v["median"]), _ms(v["p90"]), _ms(v["p99"]),
                      _ms(v["min"]), f"{v['spread']:.2f}", f"{v['throughput']:.1f}",
@@ -161,10 +161,10 @@ def size_table(result: Mapping[str, Any]) -> str:
     analytic = (result.get("analytic") or {}).get("by_precision", {})
     rows = ["| engine | variant | graphs | on disk MB | initializers MB | analytic weights MB | load RSS MB |",
             "|---|---|---|---:|---:|---:|---:|"]
-    graphs = result.get("graphs", {})
     for kind, info in result.get("engines", {}).items():
         if info.get("status") != "ok":
             continue
+        graphs = {**result.get("graphs", {}), **info.get("files", {})}  # the files this kind runs (engines, graphs)
         for name, v in info["variants"].items():
             files = list(dict.fromkeys(v["graphs"]))
             disk = sum(graphs[g]["footprint"]["total_bytes"] for g in files)
@@ -175,6 +175,34 @@ def size_table(result: Mapping[str, Any]) -> str:
             weights = costs[ck]["weight_bytes"] if costs and ck in costs else None
             rows.append(f"| {kind} | {name} | {', '.join(files)} | {_mb(disk)} | {_mb(inits)} | {_mb(weights)} | "
                         f"{_mb(v.get('load_rss_bytes'))} |")
+    return "\n".join(rows)
+
+
+def cross_table(result: Mapping[str, Any]) -> str:
+    """Markdown: per-round ratios of variants on different engines (measured in the same rounds)."""
+    rows = ["| batch | ratio | median | p10 | p90 |", "|---:|---|---:|---:|---:|"]
+    for case in result.get("cross_ratios") or []:
+        for k, r in case["ratios"].items():
+            rows.append(f"| {case['batch']} | {k} | {r['median']:.3f} | {r['p10']:.3f} | {r['p90']:.3f} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
+def throughput_table(result: Mapping[str, Any]) -> str:
+    """Markdown: rows per second on real rows per engine and variant, with the per-round ratios."""
+    t = result.get("throughput")
+    if not t:
+        return ""
+    rows = ["| engine | variant | rows/s | pass s (median) | spread | / single (p10, p90) | "
+            "/ deep ensemble (p10, p90) |", "|---|---|---:|---:|---:|---:|---:|"]
+    for kind, variants in t["engines"].items():
+        ratios = t["ratios"].get(kind, {})
+        for name, v in variants.items():
+            suffix = name[len(name.split(".")[0]):]
+            single = f"{name}/single{suffix}" if not name.startswith("single") else ""
+            ensemble = f"{name}/deep-ensemble{suffix}" if name.startswith("hydra") else ""
+            rows.append(f"| {kind} | {name} | {v['rows_per_s']:.1f} | {v['median']:.3f} | {v['spread']:.2f} | "
+                        f"{_ratio_cell(ratios, single) if single else '1'} | "
+                        f"{_ratio_cell(ratios, ensemble) if ensemble else '-'} |")
     return "\n".join(rows)
 
 
@@ -201,8 +229,15 @@ def markdown_report(result: Mapping[str, Any], title: str | None = None) -> str:
             lines.append(f"- {kind}: skipped ({info.get('reason')})")
         for variant, why in (info.get("skipped_variants") or {}).items():
             lines.append(f"- {kind} {variant}: skipped ({why})")
-    lines += ["", "### Latency", "", latency_table(result), "", "### Ratios (per round)", "", ratio_table(result),
-              "", "### Size and memory", "", size_table(result), ""]
+    lines += ["", "### Latency", "", latency_table(result), "", "### Ratios (per round)", "", ratio_table(result)]
+    cross = cross_table(result)
+    if cross:
+        lines += ["", "### Across engines (per round, same rounds)", "", cross]
+    t = result.get("throughput")
+    if t:
+        lines += ["", f"### Rows per second on real rows ({t['rows']} rows in {t['batches']} token-length batches of "
+                  f"up to {t['batch_size']}, {t['rounds']} interleaved passes)", "", throughput_table(result)]
+    lines += ["", "### Size and memory", "", size_table(result), ""]
     mem = result.get("memory", {})
     if mem:
         lines.append(f"Process peak RSS (high-water mark): {_mb(mem.get('end', {}).get('peak_rss_bytes'))} MB.")

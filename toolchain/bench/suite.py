@@ -43,7 +43,17 @@ from typing import Any
 
 import numpy as np
 
-from toolchain.bench.measure import Case, CaseResult, Variant, file_footprint, measure, process_memory
+from toolchain.bench.measure import (
+    Case,
+    CaseResult,
+    Variant,
+    file_footprint,
+    measure,
+    measure_passes,
+    paired_ratios,
+    process_memory,
+    summarize,
+)
 from toolchain.bench.roofline import (
     CostModel,
     Peaks,
@@ -94,7 +104,8 @@ def plan_variants(
     """Variant name -> graph names run one after another, in the report's order.
 
     FP32: ``single``, ``deep-ensemble`` (when members exist), ``hydra-<lowering>`` per lowering;
-    another precision ``p``: ``single.p`` and ``hydra-<lowering>.p`` where exported.
+    another precision ``p``: ``single.p``, ``deep-ensemble.p`` (when the members exist at ``p``:
+    a kind that compiles FP32 graphs at a precision builds them) and ``hydra-<lowering>.p``.
     """
     plan: dict[str, list[str]] = {}
     for precision in precisions:
@@ -103,9 +114,9 @@ def plan_variants(
         single = f"single{suffix}"
         if single in chosen:
             plan[single] = [single]
-        members = sorted((int(m.group(1)), n) for n in chosen if (m := _MEMBER.match(n)))
-        if precision == "fp32" and single in chosen and members:
-            plan["deep-ensemble"] = [single] + [n for _, n in members]
+        members = sorted((int(m.group(1)), n) for n in chosen if (m := _MEMBER.match(n.removesuffix(suffix))))
+        if single in chosen and members:
+            plan[f"deep-ensemble{suffix}"] = [single] + [n for _, n in members]
         for name in sorted(n for n, g in chosen.items() if g.get("kind") == "hydra"):
             plan[name] = [name]
     return plan
@@ -114,19 +125,22 @@ def plan_variants(
 def ratio_pairs(variants: Sequence[str]) -> list[tuple[str, str]]:
     """``(numerator, denominator)`` pairs whose per-round ratios are reported.
 
-    Every Hydra variant against the single model of its precision and (FP32) the deep ensemble;
-    the deep ensemble against the single model.
+    Every Hydra variant against the single model and the deep ensemble of its precision; each deep
+    ensemble against the single model of its precision.
     """
     present = set(variants)
     pairs = []
     for name in variants:
         if name.startswith("hydra"):
             suffix = name[len(name.split(".")[0]):]
-            for den in (f"single{suffix}", "deep-ensemble" if not suffix else None):
+            for den in (f"single{suffix}", f"deep-ensemble{suffix}"):
                 if den in present:
                     pairs.append((name, den))
-    if {"deep-ensemble", "single"} <= present:
-        pairs.append(("deep-ensemble", "single"))
+    for name in variants:
+        if name.startswith("deep-ensemble"):
+            suffix = name[len("deep-ensemble"):]
+            if f"single{suffix}" in present:
+                pairs.append((name, f"single{suffix}"))
     return pairs
 
 
@@ -232,27 +246,53 @@ def build_runners(
     engines_dir: Path | None = None,
     torch_modules: Mapping[str, Any] | None = None,
     inputs: Sequence[Mapping[str, Any]] = (),
+    entries: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[dict[str, Runner], dict[str, str]]:
     """Inactive runners of ``kind`` for the graphs it can run, and graph -> reason for the others.
 
-    Each runner is built from its export entry by the engine registry
-    (:func:`~toolchain.engines.runner_for`); a kind the build stage builds first reads
-    ``engines.json`` (MissingDependencyError when there is none).
+    Each runner is built by the engine registry (:func:`~toolchain.engines.runner_for`) from the
+    graph's export entry completed by the kind's own (``entries``; default: what the kind runs,
+    ``engines.json`` for a kind the build stage builds first, MissingDependencyError when there is none).
     """
     if kind not in ENGINE_KINDS:
         raise EngineError(f"run_bench: engine kind must be one of {ENGINE_KINDS}; got '{kind}'.")
     runners: dict[str, Runner] = {}
     missing: dict[str, str] = {}
     build_dir = engines_dir or Path(export_dir).parent / "build"
-    entries = entries_for(kind, graphs, build_dir=build_dir)
+    if entries is None:
+        entries = entries_for(kind, graphs, build_dir=build_dir)
     for name in graph_names:
         try:  # a built kind's entry (engines.json) completes the graph's; none: the kind says what is missing
-            runners[name] = runner_for(kind, {**graphs[name], **entries.get(name, {})}, export_dir=Path(export_dir),
-                                       build_dir=build_dir, threads=threads, name=name,
+            runners[name] = runner_for(kind, {**graphs.get(name, {}), **entries.get(name, {})},
+                                       export_dir=Path(export_dir), build_dir=build_dir, threads=threads, name=name,
                                        module=(torch_modules or {}).get(name), input_specs=_torch_specs(inputs))
         except EngineUnavailable as exc:
             missing[name] = str(exc)
     return runners, missing
+
+
+def _kind_entries(kind: str, graphs: Mapping[str, Mapping[str, Any]], precisions: Sequence[str],
+                  build_dir: Path) -> tuple[dict[str, Mapping[str, Any]], list[str], dict[str, str]]:
+    """What ``kind`` benchmarks: its entries, the precisions it runs for real, and why it skips the others.
+
+    A kind that runs graphs as exported benchmarks the export's graphs at the precisions it runs
+    natively (a substitute such as the BF16 emulator measures no deployment's latency); a kind the
+    build stage builds, its built engines (``engines.json``), and records what could not be built.
+    """
+    spec = engine_kind(kind)
+    if spec.needs_build:
+        built = entries_for(kind, graphs, build_dir=build_dir)
+        kept = {n: {**graphs.get(str(e.get("graph", n)), {}), **graphs.get(n, {}), **e} for n, e in built.items()}
+        have = {str(e.get("precision", "fp32")) for e in kept.values()}
+        skipped = {f"{p} engines": "none built here" + (f" ({r})" if (r := spec.unavailable(p)) else "")
+                   for p in precisions if p not in have}
+        return kept, [p for p in precisions if p in have], skipped
+    runs = [p for p in precisions if p in spec.precisions]
+    skipped = {f"{p} graphs": spec.unsupported.get(p, f"{kind} runs no {p} kernels of its own (its substitute "
+                                                       f"{spec.substitutes[p]} is for parity, not latency)"
+                                               if p in spec.substitutes else f"{kind} does not run {p} graphs")
+               for p in precisions if p not in runs}
+    return dict(graphs), runs, skipped
 
 
 def _activate(runners: Mapping[str, Runner]) -> dict[str, int]:
@@ -334,6 +374,11 @@ def run_bench(
     graphs: Mapping[str, Mapping[str, Any]] | None = None,
     plan: Mapping[str, Sequence[str]] | None = None,
     pairs: Sequence[tuple[str, str]] | None = None,
+    entries: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+    plans: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
+    cross_pairs: Sequence[tuple[str, str]] | None = None,
+    real_feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+    real_rounds: int = 3,
 ) -> dict[str, Any]:
     """Measure single model, deep ensemble and Hydra graphs of an export folder; write the report.
 
@@ -368,12 +413,26 @@ def run_bench(
         plan: variant name -> graph names, instead of :func:`plan_variants`.
         pairs: ``(numerator, denominator)`` variants whose per-round ratios are reported, instead
             of :func:`ratio_pairs`.
+        entries: kind -> name -> the entry its runner is built from, instead of what the kind runs
+            (``graphs``, or ``engines.json`` for a kind the build stage builds): ``bench GRAPH...``
+            passes graphs a compiling kind (OpenVINO) compiles at a precision.
+        plans: kind -> its own plan (variant -> names), instead of ``plan`` / :func:`plan_variants`.
+        cross_pairs: ``("<kind>:<variant>", "<kind>:<variant>")`` per-round ratios across kinds
+            (default: each variant of every other kind against the first kind's variant of the same
+            base name at FP32, e.g. ``openvino-cpu:hydra-conv.bf16 / onnxrt-cpu:hydra-conv``).
+        real_feeds: batches of real rows (the test split in token-length order); each variant
+            runs the whole list once per round, ``real_rounds`` interleaved rounds: rows per second.
+        real_rounds: rounds of ``real_feeds``.
+
+    Every kind's variants are measured in ONE interleaved run per case (``A B C A' B' C' ...``):
+    drift hits all engines alike, and ratios across engines are per round too.
 
     Returns:
         The JSON-able result (also written as ``<stem>.json``): ``settings``, ``machine``,
-        ``graphs`` (files and sizes), ``engines`` (status, variants, load memory), ``cases``
-        (per engine and batch: every sample, statistics, per-round ratios, analytic costs and
-        roofline ratios), ``analytic``, ``peaks``, ``memory``.
+        ``graphs`` (files and sizes), ``engines`` (status, plan, variants, files, load memory),
+        ``cases`` (per engine and batch: every sample, statistics, per-round ratios, analytic costs
+        and roofline ratios), ``cross_ratios`` (per batch), ``throughput`` (real rows), ``analytic``,
+        ``peaks``, ``memory``.
     """
     from toolchain.bench.report import machine_info, write_report
 
@@ -383,14 +442,18 @@ def run_bench(
     per_batch = _rounds_per_batch(rounds, batch_sizes)
     _check_settings(batch_sizes, sequence_length, threads, warmup, min(per_batch.values()), engines)
     graphs = dict(graphs) if graphs is not None else read_graphs(export_dir)
-    plan = dict(plan) if plan is not None else plan_variants(graphs, precisions)
+    given_plan = dict(plan) if plan else None
+    if plans:
+        plan = {v: list(n) for p in plans.values() for v, n in p.items()}
+    else:
+        plan = given_plan if given_plan is not None else plan_variants(graphs, precisions)
     if not plan:
         raise GraphError(f"graphs.json in {export_dir} has no single-model or Hydra graph of precision {precisions}.")
-    needed = list(dict.fromkeys(n for names in plan.values() for n in names))
+    needed = [n for n in dict.fromkeys(n for names in plan.values() for n in names) if n in graphs]
     inputs = _input_entries({n: graphs[n] for n in needed})
     text = _is_text(inputs)
-    first_onnx = export_dir / graphs[needed[0]]["path"]
-    vocab = vocabulary_size(first_onnx) if text else None
+    onnx_files = [export_dir / graphs[n]["path"] for n in needed if str(graphs[n]["path"]).endswith(".onnx")]
+    vocab = vocabulary_size(onnx_files[0]) if text and onnx_files else None
     started = time.time()
     memory_start = process_memory()
     machine = machine_info(threads)
@@ -424,27 +487,34 @@ def run_bench(
 
     graph_info = {n: {k: graphs[n].get(k) for k in ("kind", "lowering", "precision", "path")} |
                   {"footprint": file_footprint(export_dir / graphs[n]["path"])} for n in needed}
+    build_dir = engines_dir or export_dir.parent / "build"
     engines_out: dict[str, Any] = {}
+    columns: dict[str, dict[str, Any]] = {}  # kind -> runners, plan, files, loaded memory
+    try:
+        for kind in engines:
+            try:
+                column = _column(kind, graphs, export_dir, build_dir, precisions, entries, plans, given_plan,
+                                 threads, torch_modules, inputs)
+                column["loaded"] = _activate(column["runners"])
+            except MissingDependencyError as exc:
+                engines_out[kind] = {"status": "skipped", "reason": str(exc)}
+                log.warning("bench: skipping %s: %s", kind, exc)
+                continue
+            columns[kind] = column
+        infos, results = _bench_all(columns, base_feeds, key, warmup, per_batch, progress, threads)
+        engines_out.update(infos)
+        throughput = (_throughput(columns, real_feeds, real_rounds, progress, threads)
+                      if real_feeds and columns else None)
+    finally:
+        for column in columns.values():
+            _deactivate(column["runners"])
     cases_out: list[dict[str, Any]] = []
-    for kind in engines:
-        try:
-            runners, missing = build_runners(kind, needed, graphs, export_dir, threads=threads,
-                                              engines_dir=engines_dir, torch_modules=torch_modules, inputs=inputs)
-            if not runners:
-                raise MissingDependencyError(f"{kind}: nothing to run ({'; '.join(sorted(set(missing.values())))})")
-            loaded = _activate(runners)
-        except MissingDependencyError as exc:
-            engines_out[kind] = {"status": "skipped", "reason": str(exc)}
-            log.warning("bench: skipping %s: %s", kind, exc)
-            continue
-        try:
-            engines_out[kind], results = _bench_engine(
-                kind, plan, runners, missing, loaded, base_feeds, key, warmup, per_batch, progress, threads)
-        finally:
-            _deactivate(runners)
-        for res in results:
-            cases_out.append(_case_entry(kind, res, analytic, peaks, graph_info, plan, unstreamed, pairs))
-
+    for kind, res in results:
+        info = {**graph_info, **columns[kind]["files"]}
+        cases_out.append(_case_entry(kind, res, analytic, peaks, info, columns[kind]["plan"], unstreamed,
+                                     pairs))
+    cross = _cross_ratios(results, columns, cross_pairs)
+    engines_out = {k: engines_out[k] for k in engines if k in engines_out}
     result = {
         "schema": "hydra-toolchain.bench/1",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
@@ -456,10 +526,12 @@ def run_bench(
                      "precisions": list(precisions), "seed": seed, "vocabulary": vocab,
                      "token_range": list(TOKEN_RANGE) if text else None, "tokens": tokens},
         "machine": machine,
-        "plan": plan,
+        "plan": next((c["plan"] for c in columns.values()), plan),
         "graphs": graph_info,
         "engines": engines_out,
         "cases": cases_out,
+        "cross_ratios": cross,
+        "throughput": throughput,
         "analytic": {"cost_model": cost_model.as_dict() if cost_model else None, "note": analytic_note,
                      "by_precision": analytic},
         "peaks": peaks.as_dict() if peaks is not None else None,
@@ -507,28 +579,60 @@ def _loadavg() -> list[float] | None:
         return None
 
 
-def _bench_engine(
-    kind: str,
-    plan: Mapping[str, Sequence[str]],
-    runners: Mapping[str, Runner],
-    missing: Mapping[str, str],
-    loaded: Mapping[str, int],
+def _column(kind: str, graphs: Mapping[str, Mapping[str, Any]], export_dir: Path, build_dir: Path,
+            precisions: Sequence[str], entries: Mapping[str, Mapping[str, Mapping[str, Any]]] | None,
+            plans: Mapping[str, Mapping[str, Sequence[str]]] | None, plan: Mapping[str, Sequence[str]] | None,
+            threads: int, torch_modules: Mapping[str, Any] | None,
+            inputs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One kind's inactive runners, its plan (variants it can run), its files and what it skips and why."""
+    if entries is not None and kind in entries:
+        kind_entries, runs, skipped = dict(entries[kind]), list(precisions), {}
+    else:
+        kind_entries, runs, skipped = _kind_entries(kind, graphs, precisions, build_dir)
+    kplan = dict((plans or {}).get(kind) or plan or plan_variants(kind_entries, runs))
+    names = list(dict.fromkeys(n for gnames in kplan.values() for n in gnames))
+    runners, missing = build_runners(kind, names, graphs, export_dir, threads=threads, engines_dir=build_dir,
+                                     torch_modules=torch_modules, inputs=inputs, entries=kind_entries)
+    if not runners:
+        why = "; ".join(sorted(set(missing.values()))) or f"no graphs of precision {', '.join(runs) or '-'}"
+        raise MissingDependencyError(f"{kind}: nothing to run ({why})")
+    files = {}
+    for name in runners:
+        e = {**graphs.get(name, {}), **kind_entries.get(name, {})}
+        path = Path(build_dir) / e["engine"] if "engine" in e else Path(export_dir) / e["path"]
+        if path.is_file():
+            files[name] = {"kind": e.get("kind"), "lowering": e.get("lowering"), "precision": e.get("precision"),
+                           "path": str(path), "footprint": file_footprint(path)}
+    plan_ok, plan_skipped = {}, dict(skipped)
+    for vname, gnames in kplan.items():
+        absent = [g for g in gnames if g not in runners]
+        if absent:
+            plan_skipped[vname] = f"{', '.join(absent)}: {missing.get(absent[0], 'not available')}"
+        else:
+            plan_ok[vname] = list(gnames)
+    if not plan_ok:
+        raise MissingDependencyError(f"{kind}: no variant runs ({plan_skipped})")
+    return {"runners": runners, "plan": plan_ok, "skipped": plan_skipped, "files": files}
+
+
+def _bench_all(
+    columns: Mapping[str, Mapping[str, Any]],
     base_feeds: Mapping[int, dict[str, np.ndarray]],
     key: Any,
     warmup: int,
     rounds: Mapping[int, int],
     progress: bool,
     threads: int,
-) -> tuple[dict[str, Any], list[CaseResult]]:
-    variants, skipped = [], {}
-    for vname, gnames in plan.items():
-        absent = [g for g in gnames if g not in runners]
-        if absent:
-            skipped[vname] = f"{', '.join(absent)}: {missing.get(absent[0], 'not available')}"
-            continue
-        variants.append(Variant(vname, [runners[g] for g in gnames], kind, {"graphs": list(gnames)}))
+) -> tuple[dict[str, Any], list[tuple[str, CaseResult]]]:
+    """Every kind's variants in one interleaved run per case: per-kind info, and ``(kind, CaseResult)`` per case."""
+    import contextlib
+
+    variants, out = [], {}
+    for kind, c in columns.items():
+        for vname, gnames in c["plan"].items():
+            variants.append(Variant(f"{kind}:{vname}", [c["runners"][g] for g in gnames], kind, {"graphs": gnames}))
     if not variants:
-        return {"status": "skipped", "reason": f"no variant runs on {kind}: {skipped}"}, []
+        return {}, []
     cases = []
     for b, feed in base_feeds.items():
         own = {}
@@ -537,18 +641,87 @@ def _bench_engine(
             if cast is not None:
                 own[v.name] = cast
         cases.append(Case(key(b), feed, own, rounds[b]))
-    with engine_thread_scope(kind, threads):  # torch: its global intra-op pool
-        results = measure(variants, cases, warmup=warmup, rounds=max(rounds.values()), progress=progress,
-                          description=kind)
-    info = {
-        "status": "ok",
-        "variants": {v.name: {"graphs": v.meta["graphs"], "runners": len(v.runners), "clock": results[0].clocks[v.name],
-                              "load_rss_bytes": sum(loaded.get(g, 0) for g in dict.fromkeys(v.meta["graphs"]))}
-                     for v in variants},
-        "skipped_variants": skipped,
-        "peak_rss_bytes": process_memory()["peak_rss_bytes"],
-    }
-    return info, results
+    with contextlib.ExitStack() as stack:
+        for kind in columns:  # torch: its global intra-op pool
+            stack.enter_context(engine_thread_scope(kind, threads))
+        combined = measure(variants, cases, warmup=warmup, rounds=max(rounds.values()), progress=progress,
+                           description=", ".join(columns))
+    results = []
+    for kind, c in columns.items():
+        mine = [f"{kind}:{v}" for v in c["plan"]]
+        for res in combined:
+            results.append((kind, CaseResult(res.case, {n.split(":", 1)[1]: res.samples[n] for n in mine},
+                                             {n.split(":", 1)[1]: res.clocks[n] for n in mine},
+                                             [n.split(":", 1)[1] for n in res.order if n in mine])))
+        first = next(r for k, r in results if k == kind)
+        out[kind] = {
+            "status": "ok", "plan": c["plan"],
+            "variants": {v: {"graphs": g, "runners": len(g), "clock": first.clocks[v],
+                             "load_rss_bytes": sum(c["loaded"].get(x, 0) for x in dict.fromkeys(g))}
+                         for v, g in c["plan"].items()},
+            "skipped_variants": c["skipped"], "files": c["files"],
+            "peak_rss_bytes": process_memory()["peak_rss_bytes"],
+        }
+    return out, results
+
+
+def _default_cross_pairs(columns: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """Each variant of every other kind against the first kind's variant of the same base name at FP32."""
+    kinds = list(columns)
+    if len(kinds) < 2:
+        return []
+    first = kinds[0]
+    base = set(columns[first]["plan"])
+    pairs = []
+    for kind in kinds[1:]:
+        for vname in columns[kind]["plan"]:
+            den = vname.split(".")[0]
+            if den in base:
+                pairs.append((f"{kind}:{vname}", f"{first}:{den}"))
+    return pairs
+
+
+def _cross_ratios(results: Sequence[tuple[str, CaseResult]], columns: Mapping[str, Mapping[str, Any]],
+                  cross_pairs: Sequence[tuple[str, str]] | None) -> list[dict[str, Any]]:
+    """Per case: per-round ratios of variants of different kinds (measured in the same rounds)."""
+    pairs = list(cross_pairs) if cross_pairs is not None else _default_cross_pairs(columns)
+    if not pairs:
+        return []
+    by_case: dict[str, dict[str, Any]] = {}
+    samples: dict[str, dict[str, list[float]]] = {}
+    for kind, res in results:
+        label = res.case.label()
+        by_case.setdefault(label, {**res.case.key, "ratios": {}})
+        for v, s in res.samples.items():
+            samples.setdefault(label, {})[f"{kind}:{v}"] = s
+    for label, entry in by_case.items():
+        have = samples[label]
+        for num, den in pairs:
+            if num in have and den in have:
+                entry["ratios"][f"{num}/{den}"] = paired_ratios(have[num], have[den])
+    return list(by_case.values())
+
+
+def _throughput(columns: Mapping[str, Mapping[str, Any]], feeds: Sequence[Mapping[str, np.ndarray]], rounds: int,
+                progress: bool, threads: int) -> dict[str, Any]:
+    """Rows per second of every variant over ``feeds`` (whole passes, interleaved rounds), and per-round ratios."""
+    import contextlib
+
+    rows = int(sum(len(next(iter(f.values()))) for f in feeds))
+    variants = [Variant(f"{kind}:{v}", [c["runners"][g] for g in gnames], kind, {"graphs": gnames})
+                for kind, c in columns.items() for v, gnames in c["plan"].items()]
+    with contextlib.ExitStack() as stack:
+        for kind in columns:
+            stack.enter_context(engine_thread_scope(kind, threads))
+        samples = measure_passes(variants, [dict(f) for f in feeds], rounds=rounds, progress=progress)
+    out: dict[str, Any] = {"rows": rows, "batches": len(feeds), "rounds": rounds,
+                           "batch_size": max(len(next(iter(f.values()))) for f in feeds), "engines": {}, "ratios": {}}
+    for kind, c in columns.items():
+        mine = {v: samples[f"{kind}:{v}"] for v in c["plan"]}
+        out["engines"][kind] = {v: {"samples_s": s, **summarize(s), "rows_per_s": rows / float(np.median(s))}
+                                for v, s in mine.items()}
+        out["ratios"][kind] = {f"{a}/{b}": paired_ratios(mine[a], mine[b]) for a, b in ratio_pairs(list(mine))}
+    return out
 
 
 def _case_entry(

@@ -283,6 +283,27 @@ def engine_tolerances(
     return out
 
 
+def _judged_precision(engine: str, runner: Runner, meta: dict[str, Any], tols: dict[str, dict[str, Tolerance]],
+                      tolerances: ToleranceArg, precisions: Mapping[str, str] | None) -> str:
+    """The precision ``engine`` is judged at: what the active engine says it really ran in, else the one asked for.
+
+    A kind that reads its layers' precision back (OpenVINO) may report another precision than asked
+    (a hint the CPU ignored or replaced): the engine is then judged, and labelled, at the precision
+    it ran, with the tolerances of that precision, and ``meta["engines"]`` says what was asked.
+    """
+    info = runner.engine_info()
+    asked = meta["precisions"][engine]
+    ran = info.get("ran_precision") or asked
+    if info:
+        meta.setdefault("engines", {})[engine] = {**info, "precision_asked": asked}
+    if ran != asked:
+        log.warning("parity: %s was asked for %s and ran %s; judged at %s", engine, asked, ran, ran)
+        meta["precisions"][engine] = ran
+        tols[engine] = engine_tolerances(list(tols), tolerances, {**dict(precisions or {}), engine: ran})[engine]
+        meta["tolerances"][engine] = {k: t.to_dict() for k, t in sorted(tols[engine].items())}
+    return ran
+
+
 def run_parity(
     reference: Runner,
     candidates: Mapping[str, Runner],
@@ -345,9 +366,21 @@ def run_parity(
     if ref is not None:
         log.info("parity: reference '%s' ran in %.2f s", ref_name, ref.seconds)  # timings: log only
         for engine, runner in candidates.items():
-            log.info("parity: checking '%s' (%s)", engine, meta["precisions"][engine])
-            found = check_candidate(engine, runner, data, ref, tols[engine], uq_tols, uq_outputs=uq_outputs,
-                                    n_bins=n_bins, cross_check=cross_check, precision=meta["precisions"][engine])
+            owned = not runner.is_active
+            try:
+                if owned:
+                    runner.activate()
+            except ToolchainError as exc:
+                checks.append(_error_check(engine, exc))
+                continue
+            try:
+                precision = _judged_precision(engine, runner, meta, tols, tolerances, precisions)
+                log.info("parity: checking '%s' (%s)", engine, precision)
+                found = check_candidate(engine, runner, data, ref, tols[engine], uq_tols, uq_outputs=uq_outputs,
+                                        n_bins=n_bins, cross_check=cross_check, precision=precision)
+            finally:
+                if owned:
+                    runner.deactivate()
             for check in found:
                 if check.status != "pass":
                     log.warning("parity %s %s: %s", check.engine, check.name, check.message)

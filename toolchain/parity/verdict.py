@@ -260,7 +260,11 @@ class Verdict:
                              if sub else "-")
             status = "error" if any(c.status == "error" for c in checks) else (
                 "**FAIL**" if any(c.status == "fail" for c in checks) else "pass")
-            lines.append(f"| {engine} | {precisions.get(engine, '')} | " + " | ".join(cells) + f" | {status} |")
+            precision = precisions.get(engine, "")
+            asked = self.meta.get("engines", {}).get(engine, {}).get("precision_asked")
+            if asked not in (None, precision):  # the engine ran another precision than asked (read back from it)
+                precision += f" ({asked} asked)"
+            lines.append(f"| {engine} | {precision} | " + " | ".join(cells) + f" | {status} |")
         problems = [c for c in self.checks if c.status in ("fail", "error")]
         if problems:
             lines += ["", "### Failures and errors", ""]

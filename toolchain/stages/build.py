@@ -1,4 +1,4 @@
-"""Stage ``build``: engines the registry says must be built first (TensorRT), where their toolkit and GPU exist."""
+"""Stage ``build``: engines the registry says must be built first (TensorRT, OpenVINO), where they can be."""
 
 from __future__ import annotations
 
@@ -11,33 +11,28 @@ from toolchain.stages.common import trt_profile
 
 
 @stage("build", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines"),
-       upstream=("export",), summary="build TensorRT engines (where tensorrt and a CUDA GPU are available)")
+       upstream=("export",), summary="build engines: OpenVINO (CPU), TensorRT (where tensorrt and a CUDA GPU are)",
+       version=2)  # 2: engines.json per kind; OpenVINO
 def build_stage(ctx: Context, work: Path) -> dict[str, Any]:
-    """One engine per Hydra graph and precision; absent TensorRT is recorded, not fatal, for ``run``."""
-    from toolchain.engines import engine_kind, engine_kinds
-    from toolchain.errors import MissingDependencyError
+    """:func:`toolchain.verbs.build.build_engines` on the export folder; what cannot be built here is recorded.
 
-    kinds = [engine_kind(k) for k in ctx.recipe.engines if engine_kind(k).needs_build]
+    A kind that cannot build at all (no TensorRT or GPU) and a precision this machine lacks (a CPU
+    without BF16) are written to ``engines.json`` with the reason, not raised: ``run`` goes on.
+    """
+    from toolchain.engines import engine_kind, engine_kinds
+    from toolchain.verbs.build import build_engines
+
+    kinds = [k for k in ctx.recipe.engines if engine_kind(k).needs_build]
     if not kinds:
         wanted = " or ".join(f"'{s.name}'" for s in engine_kinds() if s.needs_build)
-        atomic_write_json(work / "engines.json", {"skipped": f"the recipe's engines list has no {wanted}"})
-        ctx.console.print("  no TensorRT engines requested (engines: " + ", ".join(ctx.recipe.engines) + ")")
+        atomic_write_json(work / "engines.json", {})
+        ctx.console.print(f"  no engines to build (the recipe's engines name no {wanted})")
         return {"engines": []}
     graphs = read_json(ctx.stage_dir("export") / "graphs.json")
-    built: dict[str, Any] = {}
-    for spec in kinds:  # engines.json is keyed by graph name: one kind that needs a build (tensorrt) today
-        assert spec.builder is not None and spec.suffix is not None  # register_kind checks the builder
-        for name, g in graphs.items():
-            if not spec.build_filter(g):
-                continue
-            try:
-                path = spec.builder(ctx.stage_dir("export") / g["path"], work / f"{name}{spec.suffix}",
-                                    precision=g["precision"], profile=trt_profile(ctx, g["inputs"]),
-                                    timing_cache=ctx.root / "timing.cache")
-                built[name] = {"engine": path.name, "precision": g["precision"], "onnx": g["path"]}
-            except MissingDependencyError as exc:
-                atomic_write_json(work / "engines.json", {"skipped": str(exc)})
-                ctx.console.print(f"  [yellow]TensorRT engines skipped[/yellow]: {exc}")
-                return {"engines": [], "skipped": str(exc)}
-    atomic_write_json(work / "engines.json", built)
-    return {"engines": sorted(built)}
+    records = build_engines(kinds, graphs, ctx.stage_dir("export"), work, precisions=ctx.recipe.export.precisions,
+                            profile=lambda names: trt_profile(ctx, list(names)), timing_cache=ctx.root / "timing.cache",
+                            say=lambda line: ctx.console.print(f"  {line}"))
+    atomic_write_json(work / "engines.json", records)
+    return {"engines": sorted(f"{k}:{n}" for k, r in records.items() for n in r.get("engines", {})),
+            "unavailable": sorted(f"{k}:{n}" for k, r in records.items() for n in r.get("unavailable", {})),
+            "skipped": {k: r["skipped"] for k, r in records.items() if "skipped" in r}}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from toolchain.artifacts import read_json
@@ -240,6 +241,18 @@ def runner_input_specs(ctx: Context, names: list[str]) -> dict[str, tuple]:
 
     feed = example_feed(ctx, 1, 8)
     return {n: (getattr(np, spec.dtype), spec.shape(feed[n].shape)) for n, spec in input_specs(ctx, names).items()}
+
+
+def split_feeds(ctx: Context, split: str, names: list[str], tokenizer: Any,
+                batch_size: int) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """``(feed, labels)`` batches of a data split in token-length order (little padding), as numpy arrays.
+
+    What the engines are gated (parity) and timed (the bench's rows per second) on: the split's
+    real rows, ``names`` the graph's inputs.
+    """
+    ordered = ctx.in_length_order(ctx.data[split], tokenizer)[0]
+    return [({k: v.numpy() for k, v in b.items() if k in names}, y.numpy())
+            for b, y in ctx.batches(ordered, batch_size, tokenizer)]
 
 
 def trt_profile(ctx: Context, names: list[str]) -> dict[str, tuple]:

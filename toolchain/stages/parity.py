@@ -5,30 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from toolchain.artifacts import atomic_write_json, read_json
 from toolchain.errors import RecipeError
 from toolchain.pipeline import Context, stage
-from toolchain.stages.common import example_feed, load_stage_model, runner_input_specs
+from toolchain.stages.common import example_feed, load_stage_model, runner_input_specs, split_feeds
 
 
 def parity_inputs(ctx: Context, names: list[str], tok: Any) -> tuple[list, list, list]:
-    """Generated feeds at several shapes, the ID test split with labels, the OOD test split."""
+    """Generated feeds at several shapes, the ID test split with labels, the OOD test split.
+
+    Test rows come in token-length order, in batches no larger than the export profile's maximum
+    (an engine built for the profile, OpenVINO's or TensorRT's, takes no larger batch).
+    """
     e = ctx.recipe.export
-
-    def np_feed(feed: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-        return {k: v.numpy() for k, v in feed.items() if k in names}
-
     shapes = [(e.batch.min, e.sequence.min), (min(e.batch.opt, 8), min(e.sequence.opt, 64)),
               (2, min(e.sequence.max, 96))]
-    generated = [np_feed(example_feed(ctx, b, s, seed=11 + i)) for i, (b, s) in enumerate(shapes)]
-    def by_length(split: str) -> Any:  # rows by token length: less padding; the labels travel with them
-        return ctx.in_length_order(ctx.data[split], tok)[0]
-
-    ident = [(np_feed(b), y.numpy()) for b, y in ctx.batches(by_length("test"), 64, tok)]
-    ood = [np_feed(b) for b, _ in ctx.batches(by_length("ood_test"), 64, tok)] if "ood_test" in ctx.data else []
+    generated = [{k: v.numpy() for k, v in example_feed(ctx, b, s, seed=11 + i).items() if k in names}
+                 for i, (b, s) in enumerate(shapes)]
+    size = min(64, e.batch.max)
+    ident = split_feeds(ctx, "test", names, tok, size)
+    ood = [f for f, _ in split_feeds(ctx, "ood_test", names, tok, size)] if "ood_test" in ctx.data else []
     return generated, ident, ood
 
 
@@ -36,17 +32,26 @@ def _input_specs(ctx: Context, names: list[str]) -> dict[str, tuple]:
     return runner_input_specs(ctx, names)
 
 
+def _group_of(name: str) -> str:
+    """The parity group of a graph or engine name: ``hydra``, ``single`` or ``member<i>`` (precision suffix dropped)."""
+    base = name.split(".")[0]
+    return "hydra" if base.startswith("hydra-") else base
+
+
 @stage("parity", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines",
                            "parity"),
        upstream=("build",), summary="numerical and UQ-metric parity of every engine vs the PyTorch reference",
-       version=5)  # 3: ECE parity on the reference's bins; 4: FP16/BF16 rule q0.999 and max <= 4; 5: q0.99 per feed
+       version=6)  # 3: ECE parity on the reference's bins; 4: FP16/BF16 rule q0.999 and max <= 4; 5: q0.99 per feed;
+#                   6: engines built per kind (OpenVINO), judged at the precision they ran; deep-ensemble members
 def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
-    """Verdicts for the Hydra engines (vs the fused PyTorch model) and the single model's engines.
+    """Verdicts for the Hydra engines (vs the fused PyTorch model), the single model's and each member's.
 
     BF16 graphs run as ``onnxrt-cpu-bf16emu`` (ONNX Runtime's CPU provider has no BF16 MatMul/Conv
     kernels; :mod:`toolchain.engines.onnxrt.bf16emu` runs FP32 kernels with every BF16 result
-    rounded to BF16) on the same feeds as the others, so they get numeric and UQ verdicts too.
-    Version 2: BF16 graphs gated; rank metrics can be ``unresolved``; deterministic reports.
+    rounded to BF16) on the same feeds as the others; engines the build stage compiled (OpenVINO's
+    real BF16 on this CPU, TensorRT) are judged at the precision they report they ran. The
+    deep-ensemble members (``member<i>``) are groups of their own, each against its PyTorch model.
+    A precision this machine cannot run is listed under ``skipped``, not failed.
     """
     from toolchain.engines import make_runner, reference_kind
     from toolchain.hydra.fuse import load_hydra
@@ -57,24 +62,36 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
     _m, base, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
     names = list(graphs["single"]["inputs"])
     generated, ident, ood = parity_inputs(ctx, names, tok)
-    hydra = load_hydra(ctx.stage_dir("fuse") / "hydra")
-    groups = {"hydra": (hydra, ["probs", "member_logits"]), "single": (SingleModel(base), ["logits", "probs"])}
+    groups: dict[str, Any] = {
+        "hydra": (lambda: load_hydra(ctx.stage_dir("fuse") / "hydra"), ["probs", "member_logits"]),
+        "single": (lambda: SingleModel(base), ["logits", "probs"])}
+    for gname in sorted({_group_of(n) for n, g in graphs.items() if g.get("kind") == "member"}):
+        groups[gname] = (lambda g=gname: SingleModel(load_stage_model(ctx, ctx.stage_dir("ensemble") / g)[1]),
+                         ["logits", "probs"])
     results: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for group, (module, outputs) in groups.items():
-        reference = make_runner(reference_kind(), module=module, input_specs=_input_specs(ctx, names),
-                                output_names=outputs, name=f"torch-{group}")
         candidates, precisions = _candidates(ctx, group, graphs, skipped)
+        if not candidates:
+            continue
+        reference = make_runner(reference_kind(), module=module(), input_specs=_input_specs(ctx, names),
+                                output_names=outputs, name=f"torch-{group}")
         verdict = run_parity(reference, candidates, generated, ident, ood, out_dir=work / group,
                              precisions=precisions, **parity_tolerances(ctx))
         results[group] = {"exit_code": verdict.exit_code, "status": verdict.status, "problems": verdict.problems(),
                           "failing_engines": sorted({c.engine for c in verdict.failures}),
-                          "unresolved": verdict.notes()}
+                          "unresolved": verdict.notes(), "precisions": verdict.meta["precisions"]}
         ctx.console.print(f"  {group}: {verdict.status} ({len(candidates)} engines)")
+        for engine, info in verdict.meta.get("engines", {}).items():
+            if info.get("precision_asked") not in (None, info.get("ran_precision")):
+                ctx.console.print(f"    [yellow]![/yellow] {engine}: asked for {info['precision_asked']}, ran "
+                                  f"{info['ran_precision']} (judged at {info['ran_precision']})")
         for p in verdict.problems():
             ctx.console.print(f"    [red]x[/red] {p}")
         for note in verdict.notes():
             ctx.console.print(f"    [yellow]?[/yellow] {note}")
+    for label, reason in skipped.items():
+        ctx.console.print(f"  skipped {label}: {reason}")
     summary = {"groups": results, "skipped": skipped,
                "exit_code": max([r["exit_code"] for r in results.values()] or [0])}
     atomic_write_json(work / "verdict.json", summary)
@@ -91,15 +108,19 @@ def _candidates(ctx: Context, group: str, graphs: dict[str, Any],
     """Label -> runner and label -> precision of every recipe engine on the group's graphs.
 
     Graphs the export wrote come first (graph by graph, kinds in registry order), then the files
-    of kinds the build stage builds (TensorRT engines). A precision a kind cannot run goes to its
-    substitute (BF16 on ``onnxrt-cpu``: ``onnxrt-cpu-bf16emu``) or is recorded in ``skipped``.
+    of kinds the build stage builds (OpenVINO's compiled models, TensorRT engines). A precision a
+    kind cannot run goes to its substitute (BF16 on ``onnxrt-cpu``: ``onnxrt-cpu-bf16emu``) or is
+    recorded in ``skipped``, as is an engine the build stage could not build here.
     """
-    from toolchain.engines import candidate_label, engine_kinds, entries_for, resolve_kind, runner_for
+    from toolchain.engines import (
+        candidate_label,
+        engine_kinds,
+        entries_for,
+        read_unavailable,
+        resolve_kind,
+        runner_for,
+    )
     from toolchain.errors import MissingDependencyError
-
-    def in_group(gname: str) -> bool:
-        g = graphs.get(gname, {})
-        return (g.get("kind") == "hydra") == (group == "hydra") and g.get("kind") != "member"
 
     chosen = [s for s in engine_kinds(selectable=True) if s.name in ctx.recipe.engines and s.runs_files]
     places = {"export_dir": ctx.stage_dir("export"), "build_dir": ctx.stage_dir("build"),
@@ -119,7 +140,7 @@ def _candidates(ctx: Context, group: str, graphs: dict[str, Any],
 
     for gname, g in graphs.items():
         for spec in chosen:
-            if not spec.needs_build and in_group(gname):
+            if not spec.needs_build and _group_of(gname) == group:
                 add(spec.name, gname, g)
     for spec in chosen:
         if spec.needs_build:
@@ -128,8 +149,11 @@ def _candidates(ctx: Context, group: str, graphs: dict[str, Any],
             except MissingDependencyError:  # the build stage recorded why (engines.json "skipped")
                 continue
             for ename, info in built.items():
-                if in_group(ename):
+                if _group_of(ename) == group:
                     add(spec.name, ename, info)
+            for ename, reason in read_unavailable(ctx.stage_dir("build"), spec.name).items():
+                if _group_of(ename) == group:
+                    skipped[candidate_label(spec.name, ename)] = reason
     return candidates, precisions
 
 

@@ -57,6 +57,9 @@ class ExportOptions:
     sequence: Range = field(default_factory=lambda: Range(8, 64, 128))
     opset: int = 17
     trt_version: str = "10"
+    #: engine kinds to build from the exported graphs (kinds that need a build: openvino-cpu compiles each
+    #: FP32 graph at each of ``precisions``; tensorrt builds where it can); written to ``engines.json``
+    engines: Sequence[str] = ()
 
 
 def tensorrt_profile(specs: Mapping[str, Any], example: Mapping[str, torch.Tensor], names: Sequence[str],
@@ -187,7 +190,9 @@ def export_graphs(src: str | Path, out: str | Path, options: ExportOptions | Non
     A checkpoint gives ``single.onnx``; a Hydra folder ``hydra-<lowering>.onnx`` per lowering. Each
     FP32 graph is checked against PyTorch at shapes other than the export's and linted for
     TensorRT; each FP16/BF16 variant is checked against PyTorch with its precision's default
-    tolerances. ``graphs.json`` records every result; ``ok`` is False when any check failed.
+    tolerances. ``graphs.json`` records every result; ``ok`` is False when any check failed. With
+    ``options.engines``, the kinds among them that need a build build their engine files into ``out``
+    (:func:`toolchain.verbs.build.build_engines`; ``engines.json``).
     """
     from toolchain.artifacts import atomic_write_json
     from toolchain.export.precision import write_precision_variant
@@ -228,6 +233,13 @@ def export_graphs(src: str | Path, out: str | Path, options: ExportOptions | Non
               "ok": all(g.get("ok", True) and g.get("pytorch_check", {"ok": True})["ok"] for g in graphs.values()),
               "graphs": graphs}
     atomic_write_json(out / "graphs.json", result)
+    if o.engines:
+        from toolchain.verbs.build import build_engines
+
+        records = build_engines(o.engines, graphs, out, out, precisions=o.precisions, say=say,
+                                profile=lambda names: tensorrt_profile(specs, example, names, o.batch, o.sequence))
+        atomic_write_json(out / "engines.json", records)
+        result["engines"] = records
     return result
 
 

@@ -1,21 +1,27 @@
-"""``hydra-toolchain inspect``: what an ONNX graph, a TensorRT engine or a Hydra folder holds.
+"""``hydra-toolchain inspect``: what an ONNX graph, an engine file or a Hydra folder holds.
 
 * a graph (``.onnx``): inputs and outputs with their dynamic dimensions, opset, node count and
   operator histogram, grouped convolutions, weight bytes, and for an FP16/BF16 graph its FP32
   islands (nodes that compute in float32: the precision pass kept them there);
-* an engine file (a suffix an engine kind registers, e.g. a TensorRT plan): its kind, size and the
-  inputs its kind records beside it (no GPU needed);
+* an engine file (a suffix an engine kind registers: a TensorRT plan, an OpenVINO compiled model):
+  its kind, size, its sidecar (runtime version, device, the precision asked for and, where the kind
+  reads it back, the precision its layers ran in) and the inputs its kind records (no GPU needed);
 * a Hydra folder (``hydra_config.json``): members, kept heads per layer and member, lowering,
   MLP/LayerNorm/head modes, parameters against the single model and the deep ensemble.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from toolchain.errors import GraphError
+
+#: runtime layers that move or reshape data (not shown among the layers an engine computes in)
+_PLUMBING = {"Const", "Input", "Output", "Reorder", "Reshape", "Transpose", "ShapeOf", "Convert", "Broadcast",
+             "Concatenation", "Gather", "StridedSlice", "Range"}
 
 
 def _inspect_graph(path: Path) -> dict[str, Any]:
@@ -43,6 +49,13 @@ def _inspect_engine(path: Path, kind: Any) -> dict[str, Any]:
 
     info: dict[str, Any] = {"kind": "engine", "engine_kind": kind.name, "file": path.name,
                             "file_bytes": path.stat().st_size}
+    sidecar = path.with_name(path.name + ".json")  # every engine kind writes its build record there
+    try:
+        record = json.loads(sidecar.read_text(encoding="utf-8"))
+        if isinstance(record, dict):
+            info["sidecar"] = record
+    except (OSError, ValueError):
+        pass
     if kind.inspect_file is None:
         return info
     try:
@@ -110,6 +123,22 @@ def format_inspection(info: dict[str, Any]) -> str:
         return "\n".join(lines)
     if info["kind"] == "engine":
         lines = [f"{info['engine_kind']} engine {info['file']}: {info['file_bytes']:,} bytes"]
+        record = info.get("sidecar", {})
+        if record:
+            ran = record.get("ran_precision")
+            runtime = next((f"{k.removesuffix('_version')} {v}" for k, v in record.items()
+                            if k.endswith("_version") and isinstance(v, str)), "")
+            device = record.get("device_name") or record.get("gpu_name") or ""
+            lines.append(f"  built from {record.get('onnx_file')} with {runtime} on {device}: precision "
+                         f"{record.get('precision')}" + (f", ran {ran}" if ran else "")
+                         + (f" ({record.get('kept_fp32')} matrix layer(s) kept in fp32)" if record.get("kept_fp32")
+                            else ""))
+            compute = {k: {p: n for p, n in v.items() if p in ("fp32", "fp16", "bf16")}
+                       for k, v in (record.get("layers") or {}).items() if k not in _PLUMBING}
+            compute = {k: v for k, v in compute.items() if v}
+            if compute:
+                lines.append("  layers ran in: " + ", ".join(f"{k} " + "/".join(f"{p} {n}" for p, n in v.items())
+                                                             for k, v in compute.items()))
         lines += [f"  input {name}: {spec}" for name, spec in info.get("inputs", {}).items()]
         if "note" in info:
             lines.append(info["note"])

@@ -52,8 +52,12 @@ class ParityOptions:
     max_rows: int | None = None  #: at most this many CSV rows per file (a seeded sample), None: all
     tolerances: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  #: output -> atol/rtol
     uq_tolerances: Mapping[str, float] = field(default_factory=dict)  #: metric -> allowed difference
-    engine: str | None = None  #: the kind that runs ``.onnx`` graphs (default: the CPU kind)
-    precision: str | None = None  #: of engine files whose name does not say it
+    #: kinds that run the files, a list or ``"a,b"`` (default: the CPU kind every recipe has)
+    engine: str | Sequence[str] | None = None
+    #: precisions, a list or ``"fp32,bf16"``: a compiling kind (OpenVINO) builds FP32 graphs at each; a
+    #: kind that runs graphs as exported runs those of these precisions; engine files whose sidecar and name
+    #: do not say their precision take the one given (default: each file's own)
+    precision: str | Sequence[str] | None = None
     save_inputs: Path | None = None
 
 
@@ -246,90 +250,6 @@ def parity_feeds(source: Any, names: Sequence[str], options: ParityOptions) -> F
     return feeds
 
 
-# ------------------------------------------------------------------------------------ candidates
-@dataclass
-class Candidate:
-    """One file to check: the runner's label, kind, precision and path."""
-
-    label: str
-    kind: str
-    precision: str
-    path: Path
-    inputs: list[str]
-    outputs: list[str]
-
-
-def _precision_of(path: Path, given: str | None) -> str:
-    from toolchain.export.graph import load_checked
-    from toolchain.export.precision import graph_precision
-
-    if path.suffix == ".onnx":
-        found = graph_precision(load_checked(path, load_weights=False, check=False))
-        if given is not None and given != found:
-            raise GraphError(f"'{path}' is a {found} graph, not {given} (--precision).")
-        return found
-    if given is not None:
-        return given
-    named = [p for p in ("fp32", "fp16", "bf16") if p in path.name.split(".")]
-    if len(named) != 1:
-        raise ToolchainError(f"cannot tell the precision of '{path}' from its name; pass --precision "
-                             "fp32|fp16|bf16.")
-    return named[0]
-
-
-def candidates_for(paths: Sequence[str | Path], engine: str | None = None,
-                   precision: str | None = None) -> list[Candidate]:
-    """The engine kind, precision and I/O of each file (graphs by their content, engines by their kind's record)."""
-    from toolchain.engines import (
-        candidate_label,
-        default_engines,
-        engine_kind,
-        engine_kinds,
-        kinds_for_suffix,
-        known_suffixes,
-        resolve_kind,
-    )
-    from toolchain.export.graph import graph_summary
-
-    runs_files = [k.name for k in engine_kinds(selectable=True) if k.runs_files]
-    if engine is not None and engine not in runs_files:
-        raise ToolchainError(f"--engine '{engine}': use one of {', '.join(runs_files)}.")
-    cpu = next(k for k in default_engines() if engine_kind(k).runs_files)
-    out = []
-    for raw in paths:
-        path = Path(raw)
-        if not path.is_file():
-            raise GraphError(f"'{path}' does not exist" + (" (it is a folder)" if path.is_dir() else "") +
-                             "; parity takes .onnx graphs or engine files.")
-        owners = kinds_for_suffix(path.suffix.lower())
-        if not owners:
-            raise GraphError(f"'{path}': parity takes .onnx graphs or engine files ({', '.join(known_suffixes())}).")
-        if path.suffix == ".onnx":
-            kind = engine or cpu
-            if path.suffix not in engine_kind(kind).suffixes:
-                raise ToolchainError(f"--engine {kind} runs {'/'.join(engine_kind(kind).suffixes)} files, not "
-                                     f"'{path.name}'.")
-            summary = graph_summary(path)
-            inputs = [e["name"] for e in summary["inputs"]]
-            outputs = [e["name"] for e in summary["outputs"]]
-        else:
-            kind = owners[0]
-            spec = engine_kind(kind)
-            specs = spec.inspect_file(path)[0] if spec.inspect_file is not None else {}
-            inputs, outputs = list(specs), []
-        prec = _precision_of(path, precision)
-        actual = resolve_kind(kind, prec)
-        if actual is None:
-            reason = engine_kind(kind).unsupported.get(prec, f"{kind} does not run {prec} graphs")
-            raise ToolchainError(f"'{path.name}' ({prec}): {reason}.")
-        out.append(Candidate(candidate_label(actual, path.name), actual, prec, path, inputs, outputs))
-    labels = [c.label for c in out]
-    dupes = sorted({x for x in labels if labels.count(x) > 1})
-    if dupes:
-        raise ToolchainError(f"two files would both be reported as {dupes}; check files with distinct names.")
-    return out
-
-
 # ------------------------------------------------------------------------------------ the gate
 def _reference(source: Any, names: Sequence[str], outputs: Sequence[str]) -> tuple[Any, list[str]]:
     from toolchain.engines import make_runner, reference_kind
@@ -355,12 +275,15 @@ def check_parity(graphs: Sequence[str | Path], reference: str | Path, options: P
     feeds to ``options.save_inputs`` (when given). ``verdict.exit_code``: 0 pass, 1 a check
     failed, 2 a file could not run, 3 only an optional component was missing.
     """
-    from toolchain.engines import runner_for
     from toolchain.parity import run_parity
     from toolchain.verbs.export import open_source
+    from toolchain.verbs.targets import PRECISIONS, file_kinds, parse_list, targets_for
 
     o = options or ParityOptions()
-    found = candidates_for(graphs, o.engine, o.precision)
+    found, skipped = targets_for(graphs, parse_list(o.engine, "--engine", file_kinds()),
+                                 parse_list(o.precision, "--precision", PRECISIONS))
+    for label, reason in skipped.items():
+        say(f"skipped {label}: {reason}")
     source = open_source(reference)
     names = next((c.inputs for c in found if c.inputs), None) or list(source.family.input_names)
     unknown = [n for n in names if n not in source.family.input_specs()]
@@ -382,13 +305,13 @@ def check_parity(graphs: Sequence[str | Path], reference: str | Path, options: P
     say(f"reference {source.kind} '{source.path}' ({source.family.family}); feeds: {len(feeds.generated)} generated, "
         f"{sum(len(y) for _, y in feeds.ident)} ID rows, {sum(len(next(iter(f.values()))) for f in feeds.ood)} "
         f"OOD rows")
-    candidates = {c.label: runner_for(c.kind, {"path": str(c.path), "engine": str(c.path)}, name=c.label)
-                  for c in found}
+    candidates = {c.label: c.runner() for c in found}
     tolerances = {k: dict(v) for k, v in o.tolerances.items()} or None
     verdict = run_parity(runner, candidates, feeds.generated, feeds.ident, feeds.ood, tolerances=tolerances,
                          uq_tolerances=dict(o.uq_tolerances) or None, out_dir=Path(out) if out else None,
                          precisions={c.label: c.precision for c in found})
     verdict.meta["files"] = {c.label: str(c.path) for c in found}
+    verdict.meta["skipped"] = skipped
     verdict.meta["reference_folder"] = str(source.path)
     verdict.meta["outputs"] = wanted
     if out is not None:
@@ -463,10 +386,8 @@ def _graph_outputs(path: Path) -> list[str]:
 
 
 __all__ = [
-    "Candidate",
     "Feeds",
     "ParityOptions",
-    "candidates_for",
     "check_parity",
     "load_feeds",
     "parity_feeds",
