@@ -55,6 +55,7 @@ class ParityOptions:
     engine: str | None = None  #: the kind that runs ``.onnx`` graphs (default: the CPU kind)
     precision: str | None = None  #: of engine files whose name does not say it
     save_inputs: Path | None = None
+    localize: bool = False  #: name where each failing graph first diverges (:mod:`toolchain.verbs.localize`)
 
 
 @dataclass
@@ -353,7 +354,9 @@ def check_parity(graphs: Sequence[str | Path], reference: str | Path, options: P
 
     Writes ``report.json``, ``junit.xml`` and ``summary.md`` under ``out`` (when given) and the
     feeds to ``options.save_inputs`` (when given). ``verdict.exit_code``: 0 pass, 1 a check
-    failed, 2 a file could not run, 3 only an optional component was missing.
+    failed, 2 a file could not run, 3 only an optional component was missing. With
+    ``options.localize`` each failing file's first divergence goes to ``verdict.localization``
+    (:func:`toolchain.verbs.localize.localize_failures`).
     """
     from toolchain.engines import runner_for
     from toolchain.parity import run_parity
@@ -391,6 +394,10 @@ def check_parity(graphs: Sequence[str | Path], reference: str | Path, options: P
     verdict.meta["files"] = {c.label: str(c.path) for c in found}
     verdict.meta["reference_folder"] = str(source.path)
     verdict.meta["outputs"] = wanted
+    if o.localize and verdict.failures:
+        from toolchain.verbs.localize import localize_failures
+
+        localize_failures(verdict, found, source, feeds, say=say)
     if out is not None:
         verdict.write(Path(out))
     return verdict
