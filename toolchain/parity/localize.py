@@ -104,14 +104,16 @@ _PLUMBING = frozenset({"Shape", "Constant", "ConstantOfShape", "Gather", "Unsque
 _LARGE_PROTO = int(1.5 * 2**30)
 
 
-def onnx_runner(kind: str = "onnxrt-cpu", precision: str = "fp32", **options: Any) -> RunMarked:
+def onnx_runner(kind: str | None = None, precision: str = "fp32", **options: Any) -> RunMarked:
     """The default ``run_marked``: ``make_runner`` of the kind that runs ``kind``'s graphs of ``precision``.
 
-    ``onnx_runner("onnxrt-cpu", "bf16")`` runs BF16 graphs as ``onnxrt-cpu-bf16emu``
-    (:func:`~toolchain.engines.registry.resolve_kind`); ``options`` go to the runner (threads ...).
+    ``kind`` None is the CPU kind every recipe has (the registry's first default kind that runs
+    files); BF16 graphs then run on its substitute, the exact-rounding emulation
+    (:func:`~toolchain.engines.registry.resolve_kind`). ``options`` go to the runner (threads ...).
     """
-    from toolchain.engines import make_runner, resolve_kind
+    from toolchain.engines import default_engines, engine_kind, make_runner, resolve_kind
 
+    kind = kind or next(k for k in default_engines() if engine_kind(k).runs_files)
     actual = resolve_kind(kind, precision)
     if actual is None:
         raise GraphError(f"localize: the engine kind '{kind}' does not run {precision} graphs.")
@@ -423,14 +425,14 @@ def localize_against_torch(graph: str | Path, module: Any, feeds: Sequence[Feed]
         module: the module it was exported from (the graph's input names are its keyword arguments).
         feeds: inputs (:func:`pick_feeds`), numpy arrays by input name.
         precision: the candidate's precision: the rule (``tolerances[""]``) for every value.
-        run_marked: ``path -> Runner`` for the graph with extra outputs (default: ``onnx_runner("onnxrt-cpu",
-            precision)``).
+        run_marked: ``path -> Runner`` for the graph with extra outputs (default: ``onnx_runner(None,
+            precision)``, the CPU kind).
         tolerances: per-output tolerances of the gate (``""`` default key); None: the precision's defaults.
         per_round: values exposed per marked run.
         labels: the feeds' labels, for the report.
     """
     value_tol, output_tols = _tolerances(precision, tolerances, per_round)
-    run_marked = run_marked or onnx_runner("onnxrt-cpu", precision)
+    run_marked = run_marked or onnx_runner(None, precision)
     torch_side = ModuleValues(module.eval(), feeds)
     g = Graph(Path(graph), [p for p in torch_side.modules if p])
     loc = Localization("pytorch", Path(graph).name, precision, value_tol.describe(), feeds=list(labels),
@@ -487,9 +489,9 @@ def localize_against_fp32(graph: str | Path, fp32_graph: str | Path, feeds: Sequ
         fp32_graph: the FP32 graph it was made from.
         feeds: inputs (:func:`pick_feeds`).
         precision: the candidate's precision (its rule judges every value).
-        run_marked: ``path -> Runner`` for the candidate with extra outputs (default: ``onnx_runner("onnxrt-cpu",
-            precision)``).
-        run_fp32: ``path -> Runner`` for the FP32 graph with extra outputs; default ``onnx_runner("onnxrt-cpu")``.
+        run_marked: ``path -> Runner`` for the candidate with extra outputs (default: ``onnx_runner(None,
+            precision)``, the CPU kind).
+        run_fp32: ``path -> Runner`` for the FP32 graph with extra outputs (default: ``onnx_runner()``).
         reference_outputs: the gate's reference outputs on ``feeds`` (PyTorch's): whether a marked run
             still fails is judged against them; None: against the FP32 graph's outputs.
         tolerances: per-output tolerances of the gate (``""`` default key); None: the precision's defaults.
@@ -498,8 +500,8 @@ def localize_against_fp32(graph: str | Path, fp32_graph: str | Path, feeds: Sequ
         labels: the feeds' labels, for the report.
     """
     value_tol, output_tols = _tolerances(precision, tolerances, per_round)
-    run_marked = run_marked or onnx_runner("onnxrt-cpu", precision)
-    run_fp32 = run_fp32 or onnx_runner("onnxrt-cpu", "fp32")
+    run_marked = run_marked or onnx_runner(None, precision)
+    run_fp32 = run_fp32 or onnx_runner(None, "fp32")
     paths = list(module_paths) if module_paths is not None else None
     ref_graph = Graph(Path(fp32_graph), paths)
     cand = ref_graph if Path(graph).resolve() == Path(fp32_graph).resolve() else Graph(Path(graph), paths)
