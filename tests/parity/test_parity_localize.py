@@ -206,6 +206,9 @@ def test_vit_bf16_variant_localized_against_fp32(vit, tmp_path):
     assert loc.weights and loc.weights[0]["initializer"] == weight
     assert loc.rule.startswith("q0.999 of |c-r|/(0.1 + 0.02*|r|)")
     assert loc.survived_marking is True and not loc.notes
+    against_torch = localize_against_torch(tmp_path / "single.bf16.onnx", vit["module"], vit["feeds"], precision="bf16")
+    assert against_torch.layer == f"{VIT_LAYER}.mlp.fc1" and against_torch.node == node  # through the BF16 weight
+    assert against_torch.weights[0]["reference"] == f"{VIT_LAYER}.mlp.fc1.weight"
 
 
 def test_a_failure_the_marking_hides_is_reported_as_such(vit, tmp_path):
@@ -250,3 +253,22 @@ def test_localize_with_a_recipe_is_refused(tmp_path):
     recipe.write_text("name: x\n")
     out = _cli("parity", str(recipe), "--localize")
     assert out.returncode == 2 and "--localize works on files" in out.stderr
+
+
+def test_only_uq_failures_are_reported_without_marking_anything():
+    from toolchain.parity import Check, Verdict
+    from toolchain.verbs.localize import localize_failures
+    from toolchain.verbs.parity import Candidate, Feeds
+
+    bad = Candidate("onnxrt-cpu:g.bf16.onnx", "onnxrt-cpu", "bf16", Path("g.bf16.onnx"), [], [])
+    good = Candidate("onnxrt-cpu:g.onnx", "onnxrt-cpu", "fp32", Path("g.onnx"), [], [])
+    checks = [Check(bad.label, "numeric/logits", "pass", "ok"), Check(bad.label, "uq/accuracy", "fail", "moved"),
+              Check(good.label, "numeric/logits", "pass", "ok")]
+    verdict = Verdict("torch", [bad.label, good.label], checks, meta={})
+    feeds = Feeds([{"x": np.zeros((1, 2), np.float32)}, {"x": np.zeros((2, 2), np.float32)}], [], [])
+    localize_failures(verdict, [bad, good], source=None, feeds=feeds)  # the files do not exist: nothing is run
+    (item,) = verdict.localization[bad.label]
+    assert item["found"] is False and "only uq/accuracy failed" in item["summary"]
+    assert good.label not in verdict.localization
+    assert verdict.to_dict()["engines"][bad.label]["localization"] == [item]
+    assert "### Where it diverges (--localize)" in verdict.to_markdown()

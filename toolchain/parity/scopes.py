@@ -89,10 +89,11 @@ class Graph:
         return Site(value, node.name, node.op_type, scope if layer is None else layer, self.position[value])
 
     def weight(self, name: str) -> np.ndarray | None:
-        """The initializer ``name`` reads, through ``Identity`` chains (None: not a weight)."""
+        """The initializer ``name`` reads, through ``Identity`` chains (None: not a weight); BF16 as FP32."""
         for _ in range(8):
             if name in self.inits:
-                return numpy_helper.to_array(self.inits[name])
+                array = numpy_helper.to_array(self.inits[name])
+                return array.astype(np.float32) if self.inits[name].data_type == TensorProto.BFLOAT16 else array
             index = self.producer.get(name)
             if index is None or self.nodes[index].op_type != "Identity":
                 return None

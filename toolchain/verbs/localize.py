@@ -83,8 +83,14 @@ def localize_failures(verdict: Any, candidates: Sequence[Any], source: Any, feed
             verdict.localization[c.label] = [{"found": False, "graph": c.path.name, "summary": note}]
             say(f"localize {c.label}: {note}")
             continue
-        chosen = pick_feeds(labelled, [ch.data for ch in checks if ch.status == "fail" and ch.kind == "numeric"],
-                            max_rows)
+        numeric = [ch.data for ch in checks if ch.status == "fail" and ch.kind == "numeric"]
+        if not numeric:
+            failed = ", ".join(ch.name for ch in checks if ch.status == "fail")
+            note = (f"{c.path.name}: not localised: only {failed} failed; every output meets the numeric rule, so "
+                    "no value diverges beyond it (near-tied scores whose order or bins moved)")
+            verdict.localization[c.label] = [{"found": False, "graph": c.path.name, "summary": note}]
+            continue
+        chosen = pick_feeds(labelled, numeric, max_rows)
         rows, labels = [f for _, f in chosen], [label for label, _ in chosen]
         say(f"localize {c.label}: on {', '.join(labels)}")
         tolerances = {k: Tolerance(**v) for k, v in verdict.meta["tolerances"][c.label].items()}
