@@ -371,6 +371,8 @@ def parity(
                                                show_default=False)] = None,
     rescue: Annotated[bool, typer.Option("--rescue", help="for failing FP16/BF16 graphs, find the smallest set "
                                          "of nodes to keep in FP32 and write the passing graph")] = False,
+    localize: Annotated[bool, typer.Option("--localize", help="for failing graphs, name where they first diverge "
+                                           "(vs PyTorch; FP16/BF16 also vs the FP32 graph)")] = False,
     profile: ProfileOpt = None,
     force: ForceOpt = None,
 ) -> None:
@@ -380,6 +382,8 @@ def parity(
     (TensorRT, CUDA) is missing. With a recipe: every engine of its pipeline.
     """
     if len(graphs) == 1 and _is_recipe(graphs[0]):
+        if localize:
+            raise ToolchainError("--localize works on files: parity GRAPH... --reference SRC --localize.")
         _recipe_parity(graphs[0], profile, force, rescue)
         return
     from toolchain.verbs.parity import ParityOptions, check_parity, parse_tolerance_options, rescue_graphs
@@ -396,7 +400,8 @@ def parity(
             raise ToolchainError(f"{flag} '{path}' would overwrite a graph; choose another path.")
     options = ParityOptions(data=data, ood=ood, inputs=inputs, tokenizer=tokenizer, max_length=max_length,
                             batch_size=batch_size, max_rows=max_rows, tolerances=tolerances,
-                            uq_tolerances=uq_tolerances, engine=engine, precision=precision, save_inputs=save_inputs)
+                            uq_tolerances=uq_tolerances, engine=engine, precision=precision, save_inputs=save_inputs,
+                            localize=localize)
     say = (lambda line: None) if _STATE["quiet"] else (lambda line: console.print(f"  {escape(line)}", highlight=False))
     verdict = check_parity(graphs, reference, options, out=out, say=say)
     _write_reports(verdict, json_file, junit)
@@ -404,6 +409,8 @@ def parity(
         console.print(f"    [red]x[/red] {escape(problem)}", highlight=False)
     for note in verdict.notes():
         console.print(f"    [yellow]?[/yellow] {escape(note)}", highlight=False)
+    for label, item in ((label, item) for label, items in verdict.localization.items() for item in items):
+        console.print(f"    [yellow]>[/yellow] {escape(label)}: {escape(item['summary'])}", highlight=False)
     code = verdict.exit_code
     if rescue and code == 1:
         where = out or graphs[0].parent

@@ -10,7 +10,10 @@
 * :mod:`.runner` - :func:`run_parity`;
 * :mod:`.rescue` - :func:`rescue_precision`: the smallest FP32 node set that makes a FP16/BF16
   graph pass;
-* :mod:`.reference_engine` - an ``onnx.reference`` runner (true FP16/BF16 arithmetic on CPU).
+* :mod:`.reference_engine` - an ``onnx.reference`` runner (true FP16/BF16 arithmetic on CPU);
+* :mod:`.localize` - ``parity --localize``: where a failing graph first diverges, layer by layer
+  against PyTorch and node by node against the FP32 graph (:mod:`.scopes`: a graph's values by
+  module scope).
 
 Typical use (exit code 0 pass, 1 a check failed, 2 the run could not happen)::
 

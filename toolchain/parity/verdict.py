@@ -119,6 +119,8 @@ class Verdict:
     engines: list[str]
     checks: list[Check]
     meta: dict[str, Any] = field(default_factory=dict)
+    #: engine -> where it first diverges (``parity --localize``: :mod:`toolchain.parity.localize` dicts)
+    localization: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     # ---------------------------------------------------------------------------- status
     @property
@@ -196,6 +198,8 @@ class Verdict:
             status = "error" if any(c.status == "error" for c in checks) else (
                 "fail" if any(c.status == "fail" for c in checks) else "pass")
             engines[engine] = {"status": status, "checks": [c.to_dict() for c in checks]}
+            if engine in self.localization:
+                engines[engine]["localization"] = self.localization[engine]
         other = [c.to_dict() for c in self.checks if c.engine not in self.engines]
         return jsonable({
             "schema": SCHEMA, "status": self.status, "exit_code": self.exit_code,
@@ -269,6 +273,10 @@ class Verdict:
         if problems:
             lines += ["", "### Failures and errors", ""]
             lines += [f"- **{c.engine}** `{c.name}` ({c.status}): {c.message}" for c in problems]
+        if self.localization:
+            lines += ["", "### Where it diverges (--localize)", ""]
+            lines += [f"- **{engine}**: {item['summary']}" for engine, items in self.localization.items()
+                      for item in items]
         if self.unresolved:
             lines += ["", "### Not resolvable (neither pass nor fail; the numeric checks still gate)", ""]
             lines += [f"- **{c.engine}** `{c.name}`: {c.message}" for c in self.unresolved]

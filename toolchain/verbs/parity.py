@@ -59,6 +59,7 @@ class ParityOptions:
     #: do not say their precision take the one given (default: each file's own)
     precision: str | Sequence[str] | None = None
     save_inputs: Path | None = None
+    localize: bool = False  #: name where each failing graph first diverges (:mod:`toolchain.verbs.localize`)
 
 
 @dataclass
@@ -273,7 +274,9 @@ def check_parity(graphs: Sequence[str | Path], reference: str | Path, options: P
 
     Writes ``report.json``, ``junit.xml`` and ``summary.md`` under ``out`` (when given) and the
     feeds to ``options.save_inputs`` (when given). ``verdict.exit_code``: 0 pass, 1 a check
-    failed, 2 a file could not run, 3 only an optional component was missing.
+    failed, 2 a file could not run, 3 only an optional component was missing. With
+    ``options.localize`` each failing file's first divergence goes to ``verdict.localization``
+    (:func:`toolchain.verbs.localize.localize_failures`).
     """
     from toolchain.parity import run_parity
     from toolchain.verbs.export import open_source
@@ -314,6 +317,10 @@ def check_parity(graphs: Sequence[str | Path], reference: str | Path, options: P
     verdict.meta["skipped"] = skipped
     verdict.meta["reference_folder"] = str(source.path)
     verdict.meta["outputs"] = wanted
+    if o.localize and verdict.failures:
+        from toolchain.verbs.localize import localize_failures
+
+        localize_failures(verdict, found, source, feeds, say=say)
     if out is not None:
         verdict.write(Path(out))
     return verdict
