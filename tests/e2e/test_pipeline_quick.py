@@ -111,6 +111,28 @@ def test_text_quick_end_to_end_then_everything_skips(tmp_path, browser_dom):
     assert all(g["lint_ok"] for g in graphs.values() if g["precision"] == "fp32"), graphs["hydra-conv"]["lint"]
     lean = {n: g["stats"]["nodes_excluding_constant"] for n, g in graphs.items()}  # every graph is counted
     assert lean["hydra-conv"] <= 1.3 * lean["single"] and lean["hydra-matmul"] <= 1.3 * lean["single"], lean
+    # OpenVINO: every FP32 graph compiled at FP32 and BF16 (BF16 where this CPU has it, else recorded with the
+    # reason), gated against PyTorch at the precision it reports it ran, benched beside ONNX Runtime in one run
+    from toolchain.engines import engine_kind
+
+    bf16 = engine_kind("openvino-cpu").unavailable("bf16")
+    built = json.loads((art / "build" / "engines.json").read_text())["openvino-cpu"]
+    fp32_graphs = sorted(n for n, g in graphs.items() if g["precision"] == "fp32")
+    assert sorted(n for n, e in built["engines"].items() if e["precision"] == "fp32") == fp32_graphs
+    low = sorted(built["engines"] if bf16 is None else built["unavailable"])
+    assert low == sorted([*fp32_graphs, *[f"{n}.bf16" for n in fp32_graphs]] if bf16 is None else
+                         [f"{n}.bf16" for n in fp32_graphs])
+    verdict = json.loads((art / "parity" / "verdict.json").read_text())
+    assert set(verdict["groups"]) == {"hydra", "single", "member1"} and verdict["exit_code"] == 0
+    assert verdict["groups"]["hydra"]["precisions"]["openvino-cpu:hydra-conv"] == "fp32"
+    if bf16 is None:
+        assert verdict["groups"]["single"]["precisions"]["openvino-cpu:single.bf16"] == "bf16"
+    latency = json.loads((art / "bench" / "latency.json").read_text())
+    assert latency["engines"]["openvino-cpu"]["status"] == "ok" and latency["settings"]["sequence_length"] == 32
+    assert {"deep-ensemble.bf16", "hydra-conv.bf16"} <= set(latency["engines"]["openvino-cpu"]["plan"]) or bf16
+    rows = latency["throughput"]
+    assert rows["rows"] == 64 and rows["engines"]["onnxrt-cpu"]["hydra-conv"]["rows_per_s"] > 0
+    assert "openvino-cpu:single/onnxrt-cpu:single" in latency["cross_ratios"][0]["ratios"]
     second = _cli("run", str(recipe), "--profile", "quick")
     assert second.returncode == 0
     st = _statuses(second.stderr)

@@ -131,6 +131,25 @@ def test_cli_localize_names_the_shifted_mid_encoder_matmul(bert, tmp_path):
     assert "onnxrt-cpu:broken.onnx" in out.stderr + out.stdout and "first diverges at node" in out.stderr + out.stdout
 
 
+@pytest.mark.skipif(__import__("toolchain.engines", fromlist=["engine_kind"]).engine_kind("openvino-cpu")
+                    .unavailable("bf16") is not None, reason="this CPU has no BF16 in OpenVINO")
+def test_cli_localize_on_openvino_bf16_names_the_shifted_matmul(bert, tmp_path):
+    """An engine compiled at BF16 from a wrong FP32 graph: marked copies are compiled the same way, both paths."""
+    node, _weight = corrupt(bert["g"] / "single.onnx", tmp_path / "broken.onnx", "layer.1/intermediate/dense/MatMul",
+                            3.0)
+    out = _cli("parity", str(tmp_path / "broken.onnx"), "--reference", str(bert["ckpt"]), "--data",
+               str(bert["data"]), "--max-length", "32", "--engine", "openvino-cpu", "--precision", "bf16",
+               "--localize", "--json", str(tmp_path / "v.json"))
+    assert out.returncode == 1, out.stderr[-3000:]
+    found = json.loads((tmp_path / "v.json").read_text())["engines"]["openvino-cpu:broken.onnx@bf16"]["localization"]
+    torch_path, fp32_path = found
+    assert (torch_path["against"], fp32_path["against"]) == ("pytorch", "fp32-graph")
+    assert torch_path["found"] is True and torch_path["node"] == node, torch_path["summary"]
+    assert torch_path["layer"] == f"{BERT_LAYER}.intermediate.dense"
+    # the engine computes its (wrong) FP32 graph faithfully: nothing diverges from that graph
+    assert fp32_path["found"] is False and "the FP32 graph's own" in " ".join(fp32_path["notes"])
+
+
 def test_fp16_graph_localized_against_pytorch_and_the_fp32_graph(bert, tmp_path):
     from toolchain.verbs import ParityOptions, check_parity
 
@@ -258,10 +277,11 @@ def test_localize_with_a_recipe_is_refused(tmp_path):
 def test_only_uq_failures_are_reported_without_marking_anything():
     from toolchain.parity import Check, Verdict
     from toolchain.verbs.localize import localize_failures
-    from toolchain.verbs.parity import Candidate, Feeds
+    from toolchain.verbs.parity import Feeds
+    from toolchain.verbs.targets import Target
 
-    bad = Candidate("onnxrt-cpu:g.bf16.onnx", "onnxrt-cpu", "bf16", Path("g.bf16.onnx"), [], [])
-    good = Candidate("onnxrt-cpu:g.onnx", "onnxrt-cpu", "fp32", Path("g.onnx"), [], [])
+    bad = Target("onnxrt-cpu:g.bf16.onnx", "onnxrt-cpu", "bf16", Path("g.bf16.onnx"), {})
+    good = Target("onnxrt-cpu:g.onnx", "onnxrt-cpu", "fp32", Path("g.onnx"), {})
     checks = [Check(bad.label, "numeric/logits", "pass", "ok"), Check(bad.label, "uq/accuracy", "fail", "moved"),
               Check(good.label, "numeric/logits", "pass", "ok")]
     verdict = Verdict("torch", [bad.label, good.label], checks, meta={})

@@ -105,19 +105,21 @@ _LARGE_PROTO = int(1.5 * 2**30)
 
 
 def onnx_runner(kind: str | None = None, precision: str = "fp32", **options: Any) -> RunMarked:
-    """The default ``run_marked``: ``make_runner`` of the kind that runs ``kind``'s graphs of ``precision``.
+    """The default ``run_marked``: the registry's runner of ``kind`` for a marked graph at ``precision``.
 
     ``kind`` None is the CPU kind every recipe has (the registry's first default kind that runs
     files); BF16 graphs then run on its substitute, the exact-rounding emulation
-    (:func:`~toolchain.engines.registry.resolve_kind`). ``options`` go to the runner (threads ...).
+    (:func:`~toolchain.engines.registry.resolve_kind`). A kind that compiles FP32 graphs at a
+    precision (OpenVINO) compiles the marked FP32 graph at ``precision``, as the failing engine was.
+    ``options`` go to :func:`~toolchain.engines.runner_for` (``threads`` ...).
     """
-    from toolchain.engines import default_engines, engine_kind, make_runner, resolve_kind
+    from toolchain.engines import default_engines, engine_kind, resolve_kind, runner_for
 
     kind = kind or next(k for k in default_engines() if engine_kind(k).runs_files)
     actual = resolve_kind(kind, precision)
     if actual is None:
         raise GraphError(f"localize: the engine kind '{kind}' does not run {precision} graphs.")
-    return lambda path: make_runner(actual, path=Path(path), **options)
+    return lambda path: runner_for(actual, {"path": str(path), "precision": precision}, **options)
 
 
 # ------------------------------------------------------------------------------------ results
@@ -534,6 +536,12 @@ def localize_against_fp32(graph: str | Path, fp32_graph: str | Path, feeds: Sequ
             outputs = [o for o in ref_graph.outputs if o in node_sites]
             if not outputs:
                 loc.notes.append("every block boundary passes and no output is checkable")
+                return _record(loc, probe)
+            judged = probe.check([node_sites[o] for o in outputs])
+            if all(c.status == "pass" for c in judged.values()):  # it computes what its FP32 graph computes
+                loc.notes.append("every value, outputs included, matches the FP32 graph within the rule: the "
+                                 "engine computes its FP32 graph faithfully, so the failure against PyTorch is the "
+                                 "FP32 graph's own (see the PyTorch path)")
                 return _record(loc, probe)
             first = node_sites[outputs[0]]
         passed = [c.position for c in probe.results.values() if c.status == "pass" and c.position < first.position]

@@ -55,7 +55,7 @@ def localize_failures(verdict: Any, candidates: Sequence[Any], source: Any, feed
 
     Args:
         verdict: the gate's :class:`~toolchain.parity.Verdict` (its failing checks pick the feeds).
-        candidates: the :class:`~toolchain.verbs.parity.Candidate` files it checked.
+        candidates: the :class:`~toolchain.verbs.targets.Target` s it checked.
         source: the reference folder (:func:`~toolchain.verbs.export.open_source`).
         feeds: the gate's :class:`~toolchain.verbs.parity.Feeds`.
         marked_runner: ``candidate -> (path -> Runner)``, how a marked copy of the candidate's graph is
