@@ -97,7 +97,9 @@ def run(recipe: RecipeArg, profile: ProfileOpt = None, force: ForceOpt = None) -
     if not dist.is_main():  # under torchrun: rank 0 reports
         return
     ran = [k for k, v in status.items() if v == "ran"]
-    _print_summary(ctx)
+    from toolchain.report import print_run_summary
+
+    print_run_summary(ctx, console)
     parity_outcome(ctx)
     console.print(f"[green]done[/green]: {len(status)} stages ({len(ran)} ran, {len(status) - len(ran)} up to date)")
 
@@ -480,96 +482,29 @@ def lint(
     console.print(f"[green]ok[/green]: {escape(str(onnx_file))} passes the TensorRT {report.trt_version} lint")
 
 
-def _describe_specs(specs) -> str:
-    """``'x' float32 [batch, 6], 'mask' int64 [batch, 6]`` for messages."""
-
-    def dims(shape) -> str:
-        return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
-
-    return ", ".join(f"'{n}' {s.dtype if s.dtype is not None else '?'} {dims(s.shape)}" for n, s in specs.items())
-
-
-def _infer_kind(graph: Path, engine: str | None) -> tuple[Any, Any]:
-    """The engine kind that runs ``graph`` (``--engine`` or the first kind for its suffix), and the suffix's kind."""
-    from toolchain.engines import engine_kind, engine_kinds, kinds_for_suffix
-
-    runnable = [s.name for s in engine_kinds(selectable=True) if s.runs_files]
-    suffix = graph.suffix.lower()
-    owners = kinds_for_suffix(suffix)
-    owner = engine_kind(owners[0]) if owners else None
-    kind = engine or (owner.name if owner is not None else None)
-    if kind is None:
-        raise ToolchainError(f"cannot tell what '{graph}' is from its suffix '{suffix}'; pass --engine "
-                             f"({' | '.join(runnable)}) or use .onnx / .engine / .plan.")
-    if kind not in runnable:
-        raise ToolchainError(f"--engine {kind!r} is not supported here; choose one of {', '.join(runnable)}.")
-    return engine_kind(kind), owner
-
-
 @app.command()
 def infer(
-    graph: Annotated[Path, typer.Argument(help="an ONNX file (.onnx) or a TensorRT engine (.engine / .plan)",
-                                          show_default=False)],
+    graph: Annotated[Path, typer.Argument(help="an ONNX file (.onnx) or an engine file (TensorRT .engine / .plan, "
+                                          "OpenVINO .blob)", show_default=False)],
     inputs: Annotated[Path, typer.Option("--inputs", "-i", help=".npz file: one array per graph input, keyed "
                                          "by input name", show_default=False)],
     out: Annotated[Path, typer.Option("--out", "-o", help=".npz file to write the outputs to (atomically)",
                                       show_default=False)],
-    engine: Annotated[str | None, typer.Option("--engine", "-e", help="an engine kind that runs files: "
-                                               "onnxrt-cpu | onnxrt-cuda | tensorrt (default: the first kind for "
-                                               "the file's suffix: onnxrt-cpu for .onnx, tensorrt for "
-                                               ".engine/.plan)")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", "-e", help="an engine kind that runs files (default: "
+                                               "the first kind for the file's suffix: onnxrt-cpu for .onnx, "
+                                               "tensorrt for .engine/.plan, openvino-cpu for .blob)")] = None,
 ) -> None:
-    """Run an ONNX graph or a TensorRT engine on named arrays (.npz) and write its outputs (.npz).
+    """Run an ONNX graph or an engine file on named arrays (.npz) and write its outputs (.npz).
 
     Inputs are checked first (names, dtypes, ranks, static dims, the engine profile's min/max, empty inputs, token
     ids against the vocabulary, the sequence length against the position table) and --out must be writable: exit 2
     otherwise. Nothing is written unless inference succeeds. Example: infer model.onnx --inputs in.npz --out out.npz
     """
-    import io
-
     import numpy as np
 
-    from toolchain.artifacts import atomic_write_bytes
-    from toolchain.engines import kinds_for_suffix, runner_for
-    from toolchain.engines.inputs import check_output_path, check_values, read_npz
-    from toolchain.errors import FeedError, GraphError
+    from toolchain.verbs.infer import infer_file
 
-    suffix = graph.suffix.lower()
-    spec, owner = _infer_kind(graph, engine)
-    kind = spec.name
-    if not graph.is_file():
-        raise GraphError(f"{spec.file_label} '{graph}' does not exist" + (" (a folder was given)" if graph.is_dir()
-                                                                        else "")
-                         + "; check the path (hydra-toolchain export / build write them under the artifacts folder).")
-    if owner is not None and suffix not in spec.suffixes:  # a file another kind runs
-        if spec.needs_build:
-            raise ToolchainError(f"--engine {kind} runs a built {spec.file_label}, and '{graph}' is an "
-                                 f"{owner.file_label}; build an {spec.file_label} with hydra-toolchain build, or run "
-                                 f"the {owner.file_label} with --engine {owner.name}.")
-        raise ToolchainError(f"'{graph}' is a {owner.runtime} {owner.file_label}; {spec.runtime} runs "
-                             f"{' / '.join(spec.suffixes)} files. Use --engine {owner.name}.")
-    if out.resolve() in (graph.resolve(), inputs.resolve()):
-        raise ToolchainError(f"--out '{out}' would overwrite an input; choose another output file.")
-    check_output_path(out)  # before inference runs, not after
-    feed = read_npz(inputs)
-    only = kinds_for_suffix(suffix) == [kind]  # a suffix several kinds run (.onnx): the kind is named in messages
-    runner = runner_for(kind, {"path": str(graph), "engine": str(graph)}, name=graph.name if only
-                        else f"{graph.name} ({kind})")
-    # input specs known before loading (an engine's sidecar; a clear error when it is missing or malformed) and
-    # value limits (vocabulary and sequence length from the graph's embedding tables)
-    specs, limits = spec.inspect_file(graph) if spec.inspect_file is not None else ({}, {})
-    try:
-        runner.precheck(feed)  # TensorRT: the sidecar's inputs and profile, before TensorRT is needed
-        check_values(feed, limits, runner=runner.name)  # empty inputs, token ids, sequence length
-        with runner:
-            specs = runner.input_specs()
-            outputs = runner.infer(feed)
-    except FeedError as exc:
-        expected = f" {graph.name} expects {_describe_specs(specs)}." if specs else ""
-        raise FeedError(exc.message.rstrip(".") + f" (inputs file '{inputs}')." + expected, hint=exc.hint) from None
-    buffer = io.BytesIO()
-    np.savez(buffer, **outputs)
-    atomic_write_bytes(out, buffer.getvalue())
+    kind, outputs = infer_file(graph, inputs, out, engine)
     for name, value in outputs.items():
         note = ""
         if value.dtype.kind in "fc" and not np.isfinite(value).all():
@@ -594,37 +529,6 @@ def verify(artifacts_dir: Annotated[Path, typer.Argument(help="artifacts folder 
             console.print(f"[red]x[/red] {escape(str(p))}", highlight=False)
         raise CheckFailed(f"{len(problems)} problem(s) in '{artifacts_dir}'.")
     console.print(f"[green]ok[/green]: every file under '{artifacts_dir}' matches its manifest")
-
-
-def _print_summary(ctx) -> None:
-    """One screen at the end of ``run``: UQ metrics per variant, parity status, where the report is."""
-    import json
-
-    from rich.table import Table
-
-    try:
-        metrics = json.loads((ctx.stage_dir("evaluate") / "metrics.json").read_text())
-        verdict = json.loads((ctx.stage_dir("parity") / "verdict.json").read_text())
-    except (OSError, ValueError):
-        return
-    table = Table(title=f"{ctx.recipe.name}: test split (ID) and OOD test split")
-    from toolchain.metrics.registry import view_keys
-
-    keys = view_keys("summary")
-    table.add_column("variant")
-    for k in keys:
-        table.add_column(k, justify="right")
-    try:
-        compare = json.loads((ctx.stage_dir("compare") / "compare.json").read_text())
-    except (OSError, ValueError):
-        compare = {}
-    rows = [(n, metrics[n]) for n in ("single", "deep-ensemble", "hydra", "hydra-members-mean") if n in metrics]
-    rows += [(f"hydra-{n}", v["metrics"]["hydra"]) for n, v in compare.items()]
-    for name, m in rows:
-        table.add_row(name, *[f"{m[k]:.4f}" if k in m else "-" for k in keys])
-    console.print(table)
-    groups = ", ".join(f"{g}: {r['status']}" for g, r in verdict["groups"].items())
-    console.print(f"parity: {groups}; report: {ctx.stage_dir('report') / 'report.html'}")
 
 
 def main(argv: list[str] | None = None) -> None:

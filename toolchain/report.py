@@ -302,3 +302,34 @@ def _html(title: str, md: str, images: list[Path]) -> str:
     heading = "<h2>Figures</h2>" if images else ""
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body>\n{body}{heading}{figs}</body></html>\n")
+
+
+def print_run_summary(ctx: Any, console: Any) -> None:
+    """One screen at the end of ``run``: UQ metrics per variant, parity status, where the report is."""
+    import json
+
+    from rich.table import Table
+
+    try:
+        metrics = json.loads((ctx.stage_dir("evaluate") / "metrics.json").read_text())
+        verdict = json.loads((ctx.stage_dir("parity") / "verdict.json").read_text())
+    except (OSError, ValueError):
+        return
+    table = Table(title=f"{ctx.recipe.name}: test split (ID) and OOD test split")
+    from toolchain.metrics.registry import view_keys
+
+    keys = view_keys("summary")
+    table.add_column("variant")
+    for k in keys:
+        table.add_column(k, justify="right")
+    try:
+        compare = json.loads((ctx.stage_dir("compare") / "compare.json").read_text())
+    except (OSError, ValueError):
+        compare = {}
+    rows = [(n, metrics[n]) for n in ("single", "deep-ensemble", "hydra", "hydra-members-mean") if n in metrics]
+    rows += [(f"hydra-{n}", v["metrics"]["hydra"]) for n, v in compare.items()]
+    for name, m in rows:
+        table.add_row(name, *[f"{m[k]:.4f}" if k in m else "-" for k in keys])
+    console.print(table)
+    groups = ", ".join(f"{g}: {r['status']}" for g, r in verdict["groups"].items())
+    console.print(f"parity: {groups}; report: {ctx.stage_dir('report') / 'report.html'}")

@@ -26,13 +26,17 @@ def _names(paths: Sequence[Path]) -> list[str]:
 
 def bench_table(result: dict[str, Any], first: str) -> str:
     """Markdown: median (p50), p90, p99 and the per-round ratio to ``first`` (``<kind>:<variant>``) per case."""
-    rows = ["| engine | batch | graph | p50 ms | p90 ms | p99 ms | spread | samples/s | / " + first + " (p10, p90) |",
+    first_kind, _, first_name = first.partition(":")
+    single_kind = {c["engine"] for c in result.get("cases", [])} == {first_kind}
+    shown = first_name if single_kind else first
+    rows = ["| engine | batch | graph | p50 ms | p90 ms | p99 ms | spread | samples/s | / " + shown + " (p10, p90) |",
             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     cross = {c["batch"]: c["ratios"] for c in result.get("cross_ratios") or []}
     for case in result.get("cases", []):
         for name, v in case["variants"].items():
             label = f"{case['engine']}:{name}"
-            r = cross.get(case["batch"], {}).get(f"{label}/{first}")
+            r = (case["ratios"].get(f"{name}/{first_name}") if case["engine"] == first_kind
+                 else cross.get(case["batch"], {}).get(f"{label}/{first}"))
             ratio = "1" if label == first else ("-" if r is None else
                                                 f"{r['median']:.3f} [{r['p10']:.3f}, {r['p90']:.3f}]")
             rows.append(f"| {case['engine']} | {case['batch']} | {name} | {1e3 * v['median']:.3f} | "
@@ -86,8 +90,11 @@ def bench_graphs(paths: Sequence[str | Path], *, engine: str | Sequence[str] | N
         if sorted(sig) != sorted(signatures[first]):
             raise GraphError(f"bench: {name} takes {sig}, {first} takes {signatures[first]}: graphs compared on one "
                              "feed need the same inputs.")
-    result = run_bench(targets[0].path.parent, graphs=graphs, entries=entries, plans=plans, pairs=[],
-                       cross_pairs=[(label, order[0]) for label in order[1:]], batch_sizes=batch_sizes,
+    first_kind, first_name = order[0].split(":", 1)
+    result = run_bench(targets[0].path.parent, graphs=graphs, entries=entries, plans=plans,
+                       pairs=[(n, first_name) for n in plans[first_kind] if n != first_name],
+                       cross_pairs=[(label, order[0]) for label in order[1:] if not label.startswith(f"{first_kind}:")],
+                       batch_sizes=batch_sizes,
                        sequence_length=sequence_length, threads=threads, warmup=warmup, rounds=rounds,
                        engines=list(plans), progress=progress, hydra_dir=targets[0].path.parent / ".no-cost-model",
                        seed=0)
