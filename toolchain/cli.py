@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -32,6 +31,9 @@ app = typer.Typer(
 )
 console = Console(stderr=True, soft_wrap=True)
 _STATE = {"debug": False, "quiet": False}
+#: paths this run was given (arguments, the recipe's artifacts folder and sources): an ENOTDIR / EISDIR /
+#: ENOENT there is the user's mistake (exit 2), elsewhere a bug (toolchain.errors.environment_error)
+_USER_PATHS: list[str] = []
 
 
 def _no_placeholder_for_flags(original):
@@ -72,6 +74,8 @@ def _context(recipe: Path, profile: str | None, force: list[str] | None = None):
     if unknown:
         raise ToolchainError(f"--force: unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(stages())}).")
     loaded = load_recipe(recipe, profile=profile)  # relative paths resolved against the recipe's folder
+    _USER_PATHS.extend(str(v).removeprefix("csv:") for v in (loaded.artifacts_dir, loaded.model.source,
+                                                             loaded.data.id, loaded.data.ood) if v)
     stage_console = Console(stderr=True, soft_wrap=True, quiet=True) if _STATE["quiet"] else console
     return Context(recipe=loaded, console=stage_console, force=forced, progress=not _STATE["quiet"])
 
@@ -550,12 +554,54 @@ def _print_summary(ctx) -> None:
     console.print(f"parity: {groups}; report: {ctx.stage_dir('report') / 'report.html'}")
 
 
+def _click_errors() -> tuple[type[Exception], ...]:
+    """The ``ClickException`` classes of the click that typer raises: its own copy (typer >= 0.22), else click's.
+
+    Found from ``typer.BadParameter`` (a ClickException subclass in every typer), not from an
+    ``import click``, which may be another copy; the separate click package's class is added when
+    it is installed (a callback could raise it).
+    """
+    found = [c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"]
+    try:
+        import click
+    except ImportError:
+        pass
+    else:
+        found.append(click.ClickException)
+    return tuple(dict.fromkeys(found))
+
+
+_CLICK_ERRORS = _click_errors()
+
+
+def _usage_error(exc: Exception) -> None:
+    """A usage mistake (missing argument, unknown command or option, bad value): usage line + problem, exit 2."""
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError":  # no command given: the help is the answer (typer printed it)
+        text = exc.format_message().strip()
+        if text:
+            print(text, file=sys.stderr)
+        sys.exit(2)
+    out = Console(stderr=True, soft_wrap=True, highlight=False)
+    if ctx is not None:
+        out.print(escape(ctx.get_usage()))
+        out.print(f"Try '{escape(ctx.command_path)} --help' for help.")
+    out.print(f"[red]error[/red]: {escape(exc.format_message())}")
+    sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry: run the app, map errors to one-paragraph messages and exit codes."""
+    """Console-script entry: run the app, map errors to one-paragraph messages and exit codes.
+
+    Usage mistakes exit 2 with the command's usage line; a :class:`ToolchainError` its ``exit_code``;
+    the user's machine or paths (disk full, read-only, not a directory...) 2; an interruption 130;
+    anything else is a bug of the toolchain: 4, "internal error".
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     interrupts.install()  # SIGTERM: stop at the next safe point (toolchain/interrupts.py)
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    _USER_PATHS[:] = [a.split("=", 1)[-1] for a in args if a and a != "-"]  # options' values too (--out=DIR)
     try:
         # typer turns KeyboardInterrupt (and our SIGTERM) into a returned exit code 130 here
         rv = app(args=args, standalone_mode=False, prog_name="hydra-toolchain")
@@ -568,22 +614,21 @@ def main(argv: list[str] | None = None) -> None:
             raise
         console.print(f"[red]error[/red]: {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except _CLICK_ERRORS as exc:
+        _usage_error(exc)
+    except typer.Abort:
         console.print("interrupted", highlight=False)
         sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(2)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(getattr(exc, "exit_code", 0))
     except KeyboardInterrupt:
         console.print("interrupted: completed stages are kept; the next run resumes", highlight=False)
         sys.exit(130)
     except Exception as exc:
         if debug:
             raise
-        env = environment_error(exc)
-        if env is not None:  # the user's machine (disk full, read-only, permissions), not a bug
+        env = environment_error(exc, user_paths=_USER_PATHS)
+        if env is not None:  # the user's machine or paths (disk full, read-only, not a folder), not a bug
             console.print(f"[red]error[/red]: cannot use {escape(env)}.", highlight=False, soft_wrap=True)
             sys.exit(2)
         console.print(f"[red]internal error[/red]: {type(exc).__name__}: {escape(str(exc))}. Rerun with --debug "
