@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from toolchain import interrupts
 from toolchain.errors import ToolchainError, environment_error
+from toolchain.usage import CLICK_ERRORS, show_usage_error
 
 app = typer.Typer(
     add_completion=False,
@@ -31,8 +32,7 @@ app = typer.Typer(
 )
 console = Console(stderr=True, soft_wrap=True)
 _STATE = {"debug": False, "quiet": False}
-#: paths this run was given (arguments, the recipe's artifacts folder and sources): an ENOTDIR / EISDIR /
-#: ENOENT there is the user's mistake (exit 2), elsewhere a bug (toolchain.errors.environment_error)
+#: paths given to this run (arguments, the recipe's folders): ENOTDIR / EISDIR / ENOENT there exit 2
 _USER_PATHS: list[str] = []
 
 
@@ -554,49 +554,8 @@ def _print_summary(ctx) -> None:
     console.print(f"parity: {groups}; report: {ctx.stage_dir('report') / 'report.html'}")
 
 
-def _click_errors() -> tuple[type[Exception], ...]:
-    """The ``ClickException`` classes of the click that typer raises: its own copy (typer >= 0.22), else click's.
-
-    Found from ``typer.BadParameter`` (a ClickException subclass in every typer), not from an
-    ``import click``, which may be another copy; the separate click package's class is added when
-    it is installed (a callback could raise it).
-    """
-    found = [c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"]
-    try:
-        import click
-    except ImportError:
-        pass
-    else:
-        found.append(click.ClickException)
-    return tuple(dict.fromkeys(found))
-
-
-_CLICK_ERRORS = _click_errors()
-
-
-def _usage_error(exc: Exception) -> None:
-    """A usage mistake (missing argument, unknown command or option, bad value): usage line + problem, exit 2."""
-    ctx = getattr(exc, "ctx", None)
-    if type(exc).__name__ == "NoArgsIsHelpError":  # no command given: the help is the answer (typer printed it)
-        text = exc.format_message().strip()
-        if text:
-            print(text, file=sys.stderr)
-        sys.exit(2)
-    out = Console(stderr=True, soft_wrap=True, highlight=False)
-    if ctx is not None:
-        out.print(escape(ctx.get_usage()))
-        out.print(f"Try '{escape(ctx.command_path)} --help' for help.")
-    out.print(f"[red]error[/red]: {escape(exc.format_message())}")
-    sys.exit(2)
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry: run the app, map errors to one-paragraph messages and exit codes.
-
-    Usage mistakes exit 2 with the command's usage line; a :class:`ToolchainError` its ``exit_code``;
-    the user's machine or paths (disk full, read-only, not a directory...) 2; an interruption 130;
-    anything else is a bug of the toolchain: 4, "internal error".
-    """
+    """Console-script entry: run the app; usage mistakes, the user's machine or paths 2, bugs 4 (README)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     interrupts.install()  # SIGTERM: stop at the next safe point (toolchain/interrupts.py)
     args = sys.argv[1:] if argv is None else argv
@@ -614,8 +573,8 @@ def main(argv: list[str] | None = None) -> None:
             raise
         console.print(f"[red]error[/red]: {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except _CLICK_ERRORS as exc:
-        _usage_error(exc)
+    except CLICK_ERRORS as exc:  # a usage mistake: the usage line and the problem
+        sys.exit(show_usage_error(exc))
     except typer.Abort:
         console.print("interrupted", highlight=False)
         sys.exit(130)
