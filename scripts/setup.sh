@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# Create (once) and fill the virtual environment .venv at the repository root.
-# Idempotent: a second call with an unchanged pyproject.toml installs nothing.
+# Create (once) and fill the virtual environment .venv at the repository root, with the exact
+# versions of constraints.txt (the versions the test suite passed with; scripts/refresh-constraints.sh
+# moves them to the newest releases). Idempotent: a second call with unchanged pyproject.toml,
+# constraints.txt and this script installs nothing.
+#   HYDRA_VENV=DIR         another virtual environment (default: .venv)
+#   HYDRA_CONSTRAINTS=FILE another constraints file; empty: the newest releases (refresh-constraints.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-VENV="$ROOT/.venv"
+VENV="${HYDRA_VENV:-$ROOT/.venv}"
+CONSTRAINTS="${HYDRA_CONSTRAINTS-$ROOT/constraints.txt}"
+if [ -n "$CONSTRAINTS" ] && [ ! -f "$CONSTRAINTS" ]; then
+  echo "[setup] error: constraints file '$CONSTRAINTS' does not exist" >&2
+  exit 2
+fi
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 
@@ -38,15 +47,19 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 
 STAMP="$VENV/.hydra-setup-stamp"
-WANT=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+# the stamp covers what decides the installed versions: pyproject.toml, this script, the constraints
+WANT=$( (cat pyproject.toml scripts/setup.sh; echo "constraints: ${CONSTRAINTS:+$(basename "$CONSTRAINTS")}";
+         [ -z "$CONSTRAINTS" ] || cat "$CONSTRAINTS") | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
-  echo "[setup] .venv is up to date"
+  echo "[setup] $VENV is up to date"
   exit 0
 fi
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+PIN=()
+[ -z "$CONSTRAINTS" ] || PIN=(-c "$CONSTRAINTS")
 # torch first, pinned: any looser spec with no torch installed pulls a multi-GB CUDA build.
-"$VENV/bin/python" -m pip install -q "torch==2.13.0"
-"$VENV/bin/python" -m pip install -q -e ".[demo,dev]"
+"$VENV/bin/python" -m pip install -q "${PIN[@]}" "torch==2.13.0"
+"$VENV/bin/python" -m pip install -q "${PIN[@]}" -e ".[demo,dev]"
 echo "$WANT" > "$STAMP"
-echo "[setup] done"
+echo "[setup] done${CONSTRAINTS:+ (versions of $(basename "$CONSTRAINTS"))}"

@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from toolchain import interrupts
 from toolchain.errors import ToolchainError, environment_error
+from toolchain.usage import CLICK_ERRORS, show_usage_error
 
 app = typer.Typer(
     add_completion=False,
@@ -32,6 +32,8 @@ app = typer.Typer(
 )
 console = Console(stderr=True, soft_wrap=True)
 _STATE = {"debug": False, "quiet": False}
+#: paths given to this run (arguments, the recipe's folders): ENOTDIR / EISDIR / ENOENT there exit 2
+_USER_PATHS: list[str] = []
 
 
 def _no_placeholder_for_flags(original):
@@ -72,6 +74,8 @@ def _context(recipe: Path, profile: str | None, force: list[str] | None = None):
     if unknown:
         raise ToolchainError(f"--force: unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(stages())}).")
     loaded = load_recipe(recipe, profile=profile)  # relative paths resolved against the recipe's folder
+    _USER_PATHS.extend(str(v).removeprefix("csv:") for v in (loaded.artifacts_dir, loaded.model.source,
+                                                             loaded.data.id, loaded.data.ood) if v)
     stage_console = Console(stderr=True, soft_wrap=True, quiet=True) if _STATE["quiet"] else console
     return Context(recipe=loaded, console=stage_console, force=forced, progress=not _STATE["quiet"])
 
@@ -532,11 +536,12 @@ def verify(artifacts_dir: Annotated[Path, typer.Argument(help="artifacts folder 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry: run the app, map errors to one-paragraph messages and exit codes."""
+    """Console-script entry: run the app; usage mistakes, the user's machine or paths 2, bugs 4 (README)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     interrupts.install()  # SIGTERM: stop at the next safe point (toolchain/interrupts.py)
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    _USER_PATHS[:] = [a.split("=", 1)[-1] for a in args if a and a != "-"]  # options' values too (--out=DIR)
     try:
         # typer turns KeyboardInterrupt (and our SIGTERM) into a returned exit code 130 here
         rv = app(args=args, standalone_mode=False, prog_name="hydra-toolchain")
@@ -549,22 +554,21 @@ def main(argv: list[str] | None = None) -> None:
             raise
         console.print(f"[red]error[/red]: {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except CLICK_ERRORS as exc:  # a usage mistake: the usage line and the problem
+        sys.exit(show_usage_error(exc))
+    except typer.Abort:
         console.print("interrupted", highlight=False)
         sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(2)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(getattr(exc, "exit_code", 0))
     except KeyboardInterrupt:
         console.print("interrupted: completed stages are kept; the next run resumes", highlight=False)
         sys.exit(130)
     except Exception as exc:
         if debug:
             raise
-        env = environment_error(exc)
-        if env is not None:  # the user's machine (disk full, read-only, permissions), not a bug
+        env = environment_error(exc, user_paths=_USER_PATHS)
+        if env is not None:  # the user's machine or paths (disk full, read-only, not a folder), not a bug
             console.print(f"[red]error[/red]: cannot use {escape(env)}.", highlight=False, soft_wrap=True)
             sys.exit(2)
         console.print(f"[red]internal error[/red]: {type(exc).__name__}: {escape(str(exc))}. Rerun with --debug "

@@ -11,8 +11,9 @@ stages, between exported graphs, between benchmark rounds. If none comes within
 the handler raises at once (the old behaviour). Either way the stage's ``except BaseException``
 cleanup runs, the half-built stage folder is removed, and the CLI exits 130.
 
-SIGINT (Ctrl-C) keeps Python's default; ``toolchain.distributed`` relies on
-``_thread.interrupt_main()`` raising at once.
+SIGINT (Ctrl-C) keeps Python's default (or the ignore a background job inherits);
+``toolchain.distributed`` stops a busy rank with an asynchronous exception in its thread, not
+with SIGINT, so it works either way.
 """
 
 from __future__ import annotations

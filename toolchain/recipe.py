@@ -378,21 +378,39 @@ class Recipe(_Strict):
         return self.model_copy(update=update)
 
     def digest(self, *sections: str) -> str:
-        """Stable hash of the named sections or dotted fields (all when none): stage cache keys."""
+        """Stable hash of the named sections or dotted fields (all when none): stage cache keys.
+
+        A field of :data:`_EVALUATION_FIELDS` counts only where it is named as a dotted field (the
+        stages that read it list it in ``sections``): inside its section it hashes at its default,
+        and the dotted field adds its value only when that differs from the default (so a recipe at
+        the default keeps its keys) and its parent exists (``data.near_ood.rows`` needs ``data.near_ood``).
+        """
         full = self.model_dump(mode="json")
+        named: dict[str, Any] = {}
+        for name in sections:  # the dotted fields' real values, before the section is normalised
+            value: Any = full
+            for part in name.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            named[name] = value
+        for path, default in _EVALUATION_FIELDS.items():  # read by a few stages only: not part of the section
+            holder = _holder(full, path)
+            if holder is not None and path[-1] in holder:
+                holder[path[-1]] = default
         for path, default in _LATER_FIELDS.items():  # at their defaults: the keys from before the fields existed
-            *parents, leaf = path
-            holder = full
-            for part in parents:
-                holder = holder.get(part, {})
-            if leaf in holder and holder[leaf] == default:
-                del holder[leaf]
+            holder = _holder(full, path)
+            if holder is not None and path[-1] in holder and holder[path[-1]] == default:
+                del holder[path[-1]]
         data = full
         if sections:  # "section" or a dotted path such as "pruning.members"
             data = {}
             for name in sections:
+                path = tuple(name.split("."))
+                if path in _EVALUATION_FIELDS:  # at its default it is in the section's hash already
+                    if named[name] is not None and named[name] != _EVALUATION_FIELDS[path]:
+                        data[name] = named[name]
+                    continue
                 value = full
-                for part in name.split("."):
+                for part in path:
                     value = value[part]
                 data[name] = value
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
@@ -412,6 +430,24 @@ _LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("bench", "rows_batch"): 32,
     ("bench", "rows_rounds"): 3,
 }
+
+
+#: fields that only select which rows the evaluate stage scores, with their defaults: in a section's digest
+#: they hash at the default (so changing one reruns no stage that does not read it, and a recipe at the default
+#: keeps its keys from before); the stages that read them name them in ``sections`` (evaluate, report)
+_EVALUATION_FIELDS: dict[tuple[str, ...], Any] = {
+    ("data", "near_ood", "rows"): NearOodSection.model_fields["rows"].default,
+}
+#: the dotted names of :data:`_EVALUATION_FIELDS`, for the stages' ``sections``
+EVALUATION_FIELDS: tuple[str, ...] = tuple(".".join(path) for path in _EVALUATION_FIELDS)
+
+
+def _holder(data: dict, path: tuple[str, ...]) -> dict | None:
+    """The dict that holds ``path``'s last part in ``data`` (None when a parent is absent or null)."""
+    holder: Any = data
+    for part in path[:-1]:
+        holder = holder.get(part) if isinstance(holder, dict) else None
+    return holder if isinstance(holder, dict) else None
 
 
 def _deep_merge(base: dict, over: dict) -> dict:

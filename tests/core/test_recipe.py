@@ -208,3 +208,48 @@ def test_a_recipe_without_near_ood_keeps_its_cache_keys():
     expected = hashlib.sha256(json.dumps({"data": before}, sort_keys=True).encode()).hexdigest()
     assert recipe.digest("data") == expected
     assert parse_recipe(_base()).digest("data") != expected  # the default recipe holds Coachella tweets out
+
+
+def _keys(data: dict) -> dict[str, str]:
+    from toolchain.pipeline import Context, stages
+
+    return {name: Context(recipe=parse_recipe(data)).key(name) for name in stages()}
+
+
+def _near_ood(rows: int | None = None, match: str = "(?i)coachella") -> dict:
+    data = _base()
+    data["data"]["near_ood"] = {"match": match, **({"rows": rows} if rows is not None else {})}
+    return data
+
+
+def test_near_ood_rows_key_only_the_stages_that_read_them():
+    """data.near_ood.rows only selects which held-out rows evaluate scores: evaluate and report rerun, no other."""
+    from toolchain.pipeline import stages
+
+    default = _keys(_near_ood())
+    assert len(default) == len(stages()) >= 13
+    fewer = _keys(_near_ood(rows=32))
+    assert {s for s in default if default[s] != fewer[s]} == {"evaluate", "report"}
+    assert _keys(_near_ood(rows=48))["evaluate"] not in (default["evaluate"], fewer["evaluate"])
+    # which rows leave the ID set is training data: every stage that reads data reruns
+    other = _keys(_near_ood(match="(?i)festival"))
+    assert {s for s in default if default[s] == other[s]} == set()
+
+
+def test_near_ood_rows_at_the_default_keep_the_keys_from_before():
+    """A recipe at the default rows (the default recipe's 500) hashes every section as before this split."""
+    import hashlib
+    import json
+
+    recipe = parse_recipe(_near_ood(rows=500))
+    dump = recipe.model_dump(mode="json")
+    for section in ("data",):
+        expected = hashlib.sha256(json.dumps({section: dump[section]}, sort_keys=True).encode()).hexdigest()
+        assert recipe.digest(section) == expected
+        assert recipe.digest(section, "data.near_ood.rows") == recipe.digest(section)
+    assert parse_recipe(_near_ood(rows=32)).digest("data") == recipe.digest("data")
+    assert parse_recipe(_near_ood(rows=32)).digest("data", "data.near_ood.rows") != recipe.digest("data")
+    without = _base()
+    without["data"].pop("near_ood", None)
+    plain = parse_recipe(without)
+    assert plain.digest("data", "data.near_ood.rows") == plain.digest("data")  # no near_ood: nothing added

@@ -4,7 +4,8 @@
 
 Scenarios: ``compute`` (scores, circuit searches, member and data-parallel fine-tuning; results
 saved to ``OUT_DIR/rank<r>.pt``), ``fail-collective`` / ``fail-busy`` / ``fail-main`` (one rank
-raises), ``hang`` (one rank never reaches the collective). A failing process exits like the CLI:
+raises), ``hang`` (one rank never reaches the collective), ``lost-host`` (rank 0, the store host,
+dies without posting while rank 1 computes). A failing process exits like the CLI:
 ``error: <message>`` on stderr and the error's exit code.
 Also imported by the tests, which compute the single-process reference with :func:`score_all` and :func:`train_member`.
 """
@@ -12,6 +13,7 @@ Also imported by the tests, which compute the single-process reference with :fun
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -139,6 +141,13 @@ def _fail(scenario: str) -> None:
                     torch.randn(64, 64) @ torch.randn(64, 64)
             else:
                 dist.all_reduce_sum(torch.ones(3))
+        elif scenario == "lost-host":  # rank 0 (the store host) dies without a word while rank 1 computes
+            if me == 0:
+                time.sleep(0.5)
+                os._exit(9)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 120:
+                torch.randn(64, 64) @ torch.randn(64, 64)
         elif scenario == "fail-main":  # rank 0 (the store host) fails while rank 1 waits at a barrier
             if me == 0:
                 time.sleep(0.5)
@@ -152,6 +161,8 @@ def main() -> None:
     from toolchain.errors import ToolchainError
 
     scenario, out = sys.argv[1], Path(sys.argv[2])
+    if os.environ.get("WORKER_IGNORE_SIGINT") == "1":  # like a job started in the background by a script (cmd &)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(int(os.environ.get("WORKER_THREADS", "1")))
     dist.init_from_env()
     t0 = time.monotonic()

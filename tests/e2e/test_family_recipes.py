@@ -1,7 +1,8 @@
 """Every family's tiny recipe (recipes/families/) end to end through the CLI, quick profile.
 
 Each trains a small config of its family from scratch (text: tweets with the MiniLM tokenizer;
-DeiT: Fashion-MNIST), scores and prunes heads, fuses, exports, checks parity and benches.
+DeiT: Fashion-MNIST), scores and prunes heads, recovers each member (10 steps, the shared input
+stage frozen), fuses the recovered members, exports, checks parity and benches.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ def test_family_recipe_quick_end_to_end(runs, path):
     assert len(members["members"]) == 2
     hydra = json.loads((art / "fuse" / "hydra" / "hydra_config.json").read_text())
     assert hydra["family"] == data["model"]["family"] and hydra["members"] == 2
+    # every family recipe recovers its members (a few steps): the fused model is built from the recovered
+    # members, which fuse only if recovery froze what the adapter declares shared (ELECTRA's projection, ...)
+    assert data["pruning"]["recovery"]["steps"] > 0
+    assert hydra["source"] == "members" and all((art / "prune" / f"member{i}").is_dir() for i in range(2))
     graphs = json.loads((art / "export" / "graphs.json").read_text())
     for name in ("hydra-conv", "single"):
         assert graphs[name]["dynamic_check"]["ok"] and graphs[name]["lint_ok"], (name, graphs[name]["lint"])

@@ -145,6 +145,16 @@ def test_image_quick_reruns_exactly_downstream_and_resumes_after_kill(tmp_path):
     first = _cli("run", str(recipe), "--profile", "quick")
     assert first.returncode == 0, first.stderr[-3000:]
     art = tmp_path / "artifacts" / "vit-fashion-mnist-quick"
+
+    # data.near_ood.rows only selects which held-out rows evaluate scores: evaluate and report rerun, nothing else
+    fewer = yaml.safe_load(recipe.read_text())
+    fewer["profiles"]["quick"]["data"]["near_ood"]["rows"] = 48
+    (tmp_path / "fewer.yaml").write_text(yaml.safe_dump(fewer))
+    rerun = _cli("run", str(tmp_path / "fewer.yaml"), "--profile", "quick")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    st = _statuses(rerun.stderr)
+    assert {s for s, v in st.items() if v == "ran"} == {"evaluate", "report"}, st
+    assert json.loads((art / "evaluate" / "ood.json").read_text())["near"]["rows"] == 48  # the new count scored
     before = {p: p.stat().st_mtime_ns for p in art.glob("*/manifest.json")}
 
     # one field of the scoring section: score and everything after it rerun, nothing before

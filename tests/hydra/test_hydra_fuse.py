@@ -179,8 +179,11 @@ class TestValidation:
         one, two = a.prune(equal_masks[0]), a.prune(equal_masks[1])
         with torch.no_grad():
             two.bert.embeddings.word_embeddings.weight.add_(0.1)
-        with pytest.raises(ValueError, match="word_embeddings"):
+        from toolchain.errors import ModelError
+
+        with pytest.raises(ModelError, match="word_embeddings") as info:
             fuse_members([one, two])
+        assert info.value.exit_code == 2 and "freeze_shared" in str(info.value)
         model = fuse_members([one, two], strict_embeddings=False)  # member 0's embeddings, logged
         assert model.config.members == 2
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from toolchain.errors import ModelError
+from toolchain.hydra import fuse_members
 from toolchain.models import adapter_for, load_model, registered_adapters, save_model
 from toolchain.models.tiny import TINY_MODELS
 from toolchain.models.wrappers import SingleModel
@@ -239,3 +240,51 @@ def test_missing_tokenizer_is_reported(tmp_path):
 def test_unsupported_model_class():
     with pytest.raises(ModelError, match="not a supported family"):
         adapter_for(torch.nn.Linear(2, 2))
+
+
+# ------------------------------------------------------------------ what the fused members share
+def test_shared_parameters_are_the_embedding_stage(tiny):
+    """The adapter's declaration (input_modules) is exactly what its fused embedding stage holds."""
+    shared = tiny.adapter.shared_parameters()
+    stage = dict(tiny.adapter.embeddings().named_parameters())
+    assert shared and len(shared) == len(stage)
+    assert sorted(p.numel() for p in shared.values()) == sorted(p.numel() for p in stage.values())
+    for name, value in stage.items():
+        assert any(p.shape == value.shape and torch.equal(p, value) for p in shared.values()), name
+
+
+def _recover(tiny, keep, *, freeze: bool):
+    """A pruned member fine-tuned a few steps at a high rate (recovery), its shared stage frozen or not."""
+    from toolchain.pruning import finetune
+
+    member = tiny.adapter.prune(keep)
+    adapter = adapter_for(member, **tiny.adapter.clone_kwargs())
+    frozen = adapter.freeze_shared() if freeze else []
+    data = tiny.labelled_batches((4, 4, 4), seed=int(keep.sum()))
+    finetune(member, adapter, lambda _bs, _seed: iter(data), steps=3, lr=5e-2, batch_size=4, seed=0,
+             warmup_ratio=0.0, progress=False)
+    return adapter, frozen
+
+
+def test_recovered_members_keep_the_shared_stage_and_fuse(tiny):
+    """Recovery of each member freezes what the adapter declares shared: the members fuse; unfrozen, they drift.
+
+    A family whose declaration misses a shared module (ELECTRA's embeddings_project, CLIP's pre_layrnorm, LLaMA's
+    embed_tokens) fails here: its members' embedding stages differ and fuse_members refuses them.
+    """
+    keep = torch.ones(2, tiny.adapter.num_layers, tiny.adapter.max_heads, dtype=torch.bool)
+    keep[0, :, 0] = False  # member 0 drops head 0 of every layer, member 1 keeps all
+    base = {k: v.clone() for k, v in tiny.adapter.shared_parameters().items()}
+    members = [_recover(tiny, k, freeze=True) for k in keep]
+    for adapter, frozen in members:
+        assert frozen == sorted(base)
+        now = adapter.shared_parameters()
+        assert all(torch.equal(now[k], v) for k, v in base.items())  # frozen during recovery
+        trained = {k: v for k, v in adapter.model.named_parameters() if k not in base}
+        before = dict(tiny.adapter.model.named_parameters())
+        assert any(v.shape == before[k].shape and not torch.equal(v, before[k]) for k, v in trained.items())
+    fused = fuse_members([a for a, _ in members])
+    assert fused.config.members == 2
+    drifted = [_recover(tiny, k, freeze=False)[0] for k in keep]
+    with pytest.raises(ModelError, match="embeddings differ"):
+        fuse_members(drifted)

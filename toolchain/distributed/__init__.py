@@ -27,10 +27,14 @@ Pieces:
   close), waits up to ``HYDRA_DIST_GRACE_S`` (default 10 s) for the other ranks to acknowledge,
   and re-raises. Every other rank learns of it either from a collective that fails (the
   collective wrappers here read the posted message) or from a watcher thread that polls the
-  store every 0.2 s and interrupts the main thread (a rank busy computing stops within a fraction
-  of a second); it then raises :class:`RemoteRankError` carrying the failing rank's message and
-  exit code. A rank that dies without posting (killed) is reported as lost contact; a rank that
-  hangs is bounded by the process-group timeout. :func:`barrier` waits on the store (no time
+  store every 0.2 s and raises :class:`~toolchain.distributed.failures.RemoteStop` in the guarded
+  thread (an asynchronous exception, not SIGINT: a background job ignores SIGINT; a rank busy
+  computing stops within a fraction of a second); it then raises :class:`RemoteRankError` carrying
+  the failing rank's message and exit code. A failed store read is retried with a short back-off
+  (~3 s in all); when the store stays gone (its host, rank 0, died) the watcher logs a warning and
+  stops its rank with "lost contact" instead of letting it compute on. A rank that dies without
+  posting (killed) is reported as lost contact; a rank that hangs is bounded by the process-group
+  timeout. :func:`barrier` waits on the store (no time
   limit, so a long rank-0-only stage is fine) while watching for posted errors and for the store
   host going away.
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import _thread
 import contextlib
+import ctypes
 import json
 import os
 import threading
@@ -17,7 +17,9 @@ from toolchain.distributed.state import (
     _ERROR_KEY,
     DEFAULT_GRACE_S,
     GRACE_ENV,
+    WATCH_BACKOFF_S,
     WATCH_INTERVAL_S,
+    WATCH_RETRIES,
     RemoteRankError,
     T,
     _dist,
@@ -29,6 +31,13 @@ from toolchain.distributed.state import (
 )
 from toolchain.errors import ToolchainError
 
+
+class RemoteStop(KeyboardInterrupt):
+    """Raised in the watched thread by the failure watcher: another rank failed, or the store is gone.
+
+    A ``KeyboardInterrupt`` (code that lets an interruption through lets this through too);
+    :func:`guard` turns it into :class:`RemoteRankError` with the failing rank's message.
+    """
 
 # ---------------------------------------------------------------------------- collectives
 def _collective(what: str, fn: Callable[[], T]) -> T:
@@ -229,8 +238,28 @@ def _handle_failure(exc: BaseException, what: str) -> BaseException:
             _ack(_store())
             _abort()
             return _remote_from(info, f"in {what}")
+        if isinstance(exc, RemoteStop) and _state.lost is not None:  # the watcher lost the store
+            lost = RemoteRankError(f"rank {_state.rank} lost contact with the other ranks in {what}: {_state.lost} "
+                                   "(the store host, rank 0, crashed, was killed or exited; see its log)",
+                                   exit_code=2)
+            log.error("%s; stopping", lost)
+            _abort()  # nothing to post: the store is gone
+            return lost
     _post_and_abort(exc)
     return exc
+
+
+def _raise_in(thread_id: int, exc_type: type[BaseException] | None) -> bool:
+    """Raise ``exc_type`` in thread ``thread_id`` at its next bytecode (None: cancel a pending one).
+
+    Unlike ``_thread.interrupt_main()`` (a simulated SIGINT), this does not depend on the SIGINT
+    disposition: a process started in the background by a non-interactive shell (``cmd &``,
+    ``nohup``-style launchers, CI runners) inherits SIGINT *ignored*, and ``interrupt_main`` then
+    does nothing, so a busy rank never stopped (tests/distributed [fail-busy, hang]).
+    """
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
+                                                      ctypes.py_object(exc_type) if exc_type is not None else None)
+    return done == 1
 
 
 def _start_watcher() -> None:
@@ -240,13 +269,44 @@ def _start_watcher() -> None:
     stop, lock = threading.Event(), threading.Lock()
     me = _state.rank
     nccl = "nccl" in _state.backend
+    watched = threading.get_ident()  # the thread that entered the guard (normally the main thread)
+
+    def stop_watched() -> None:
+        """Make the watched thread raise :class:`RemoteStop` (called with ``lock`` held)."""
+        if nccl:  # NCCL does not notice a dead peer by itself: make its collectives fail
+            _abort()
+        if not _state.waiting:  # busy computing: stop it now (a wait ends by itself: its collective fails)
+            _state.interrupted = _raise_in(watched, RemoteStop)
+
+    def read() -> dict | None:
+        """The posted error, retrying a failed read with a short back-off; raises when the store stays gone."""
+        delay = WATCH_BACKOFF_S
+        for attempt in range(WATCH_RETRIES + 1):
+            try:
+                return _read_error(store)
+            except Exception as exc:
+                if attempt == WATCH_RETRIES or stop.is_set():
+                    raise
+                log.debug("failure watcher: reading the store failed (%s: %s); retry %d of %d in %.1f s",
+                          type(exc).__name__, exc, attempt + 1, WATCH_RETRIES, delay)
+                if stop.wait(delay):
+                    raise
+                delay *= 2
+        return None
 
     def watch() -> None:
         while not stop.wait(WATCH_INTERVAL_S):
             try:
-                info = _read_error(store)
+                info = read()
             except Exception as exc:
-                log.debug("failure watcher stopped: the store is gone (%s: %s)", type(exc).__name__, exc)
+                with lock:
+                    if stop.is_set() or _state.remote is not None:
+                        return
+                    reason = f"the rendezvous store stopped answering ({type(exc).__name__}: {exc})"
+                    log.warning("rank %d: failure watcher gives up after %d retries: %s; stopping this rank",
+                                me, WATCH_RETRIES, reason)
+                    _state.lost = reason
+                    stop_watched()
                 return
             if info is None or info.get("rank") == me:
                 continue
@@ -255,22 +315,22 @@ def _start_watcher() -> None:
                     return  # the main thread already knows
                 _state.remote = info
                 _ack(store)
-                if nccl:  # NCCL does not notice a dead peer by itself: make its collectives fail
-                    _abort()
-                if not _state.waiting:  # busy computing: stop it now
-                    _thread.interrupt_main()
+                stop_watched()
             return
 
-    _state.watch_stop, _state.watch_lock = stop, lock
+    _state.watch_stop, _state.watch_lock, _state.interrupted = stop, lock, False
     _state.watcher = threading.Thread(target=watch, name="hydra-dist-watch", daemon=True)
     _state.watcher.start()
 
 
 def _stop_watcher() -> None:
+    """Stop the watcher thread; a stop it requested and the watched thread has not yet raised is cancelled."""
     if _state.watcher is None:
         return
     with _state.watch_lock:
         _state.watch_stop.set()
+        if _state.interrupted:  # not raised yet (or raised already: then this cancels nothing)
+            _raise_in(threading.get_ident(), None)
     _state.watcher.join(timeout=2 * WATCH_INTERVAL_S + 1)
     _state.watcher = None
 
@@ -292,18 +352,22 @@ def guard(what: str = "the distributed job") -> Iterator[None]:
     if outer:
         _start_watcher()
     try:
-        yield
+        try:
+            yield
+        finally:
+            if outer:
+                _stop_watcher()
+        if outer and (_state.remote is not None or (_state.lost is not None and _state.interrupted)):
+            raise RemoteStop  # another rank failed as this block ended (a stop not yet raised was cancelled)
     except BaseException as exc:
         if outer:
-            _stop_watcher()
+            _stop_watcher()  # again: a stop raised inside the first call cut it short
         err = _handle_failure(exc, what)
         if err is exc:
             raise
         raise err from exc
     finally:
         _state.guard_depth -= 1
-        if outer:
-            _stop_watcher()
 
 
 def barrier(group: Any = None, *, what: str = "barrier") -> None:

@@ -38,6 +38,9 @@ BACKEND_ENV = "HYDRA_DIST_BACKEND"
 DEFAULT_TIMEOUT_S = 1800.0
 DEFAULT_GRACE_S = 10.0
 WATCH_INTERVAL_S = 0.2
+#: the watcher's retries of a failed store read before it gives up (back-off doubling from 0.1 s: ~3 s in all)
+WATCH_RETRIES = 5
+WATCH_BACKOFF_S = 0.1
 _ERROR_KEY = "error"
 _ACK_KEY = "error-ack"
 
@@ -69,9 +72,13 @@ class _State:
     waiting: int = 0
     store: Any = None
     remote: dict | None = None
+    #: why the watcher lost the store (it gave up reading it): this rank stops with "lost contact"
+    lost: str | None = None
     watcher: threading.Thread | None = None
     watch_stop: threading.Event | None = None
     watch_lock: threading.Lock | None = None
+    #: the watcher asked the watched thread to stop (raise :class:`~toolchain.distributed.failures.RemoteStop`)
+    interrupted: bool = False
     initialised_here: bool = False
 
 

@@ -7,7 +7,8 @@
   architecture: per-member Q/K/V/O, LayerNorms (``grouped``) and head stages are each
   member's own; ``mlp="average"`` averages their MLPs (Hydra), ``mlp="grouped"`` keeps each
   (an exact deep ensemble of the members). The embeddings stage must be equal in all members
-  (checked; ``strict_embeddings=False`` takes member 0's and logs the difference).
+  (checked: a :class:`~toolchain.errors.ModelError`, exit 2; ``strict_embeddings=False`` takes
+  member 0's and logs the difference).
 
 Both fill one :class:`~toolchain.hydra.model.HydraModel`; members keeping fewer heads than
 another member in a layer are padded with exact zero heads (logged per layer). Saving and
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
+from toolchain.errors import ModelError
 from toolchain.hydra.block import HydraBlock, check_mode
 from toolchain.hydra.config import HEAD_MODES, HydraConfig, LayerSpec
 from toolchain.hydra.gfc import check_lowering
@@ -103,7 +105,8 @@ def fuse_members(
         mlp: ``average`` (one MLP, the members' mean) | ``grouped`` (each member's own MLP).
         layernorm: ``grouped`` (each member's own) | ``average`` (the members' mean).
         lowering: ``conv`` | ``matmul``.
-        strict_embeddings: raise if the members' embeddings stages differ (else use member 0's).
+        strict_embeddings: raise :class:`~toolchain.errors.ModelError` if the members' embeddings stages
+            differ (else use member 0's).
 
     Returns:
         An eval-mode :class:`HydraModel` with one head stage per member.
@@ -167,8 +170,9 @@ def _check_shared_stage(ref: nn.Module, others: list[nn.Module], strict: bool) -
             message = (f"member {i}'s embeddings differ from member 0's at {key!r} (max abs diff {diff:.3g}); "
                        "the fused model computes the embeddings once")
             if strict:
-                raise ValueError(message + ": freeze the embeddings when fine-tuning the members, "
-                                 "or pass strict_embeddings=False to use member 0's")
+                raise ModelError(message + ".", hint="Members must share the input stage their adapter declares "
+                                 "(ModelAdapter.input_modules): freeze it while fine-tuning them "
+                                 "(ModelAdapter.freeze_shared), or pass strict_embeddings=False to use member 0's.")
             logger.warning("%s; using member 0's", message)
             break
 

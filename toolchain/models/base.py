@@ -278,11 +278,35 @@ class ModelAdapter(ABC):
         """``[batch, tokens]`` bool: the real (non-padding) tokens seen by the prunable layers."""
 
     @abstractmethod
+    def input_modules(self) -> tuple[nn.Module | None, ...]:
+        """The live modules of the input stage, in the order :meth:`embeddings` takes copies of them.
+
+        The fused Hydra model runs this stage once for all its members: the embeddings, an
+        embedding projection (ELECTRA's ``embeddings_project``), a norm before the first layer
+        (CLIP's ``pre_layrnorm``), the token table (LLaMA's ``embed_tokens``). Members must keep
+        it equal, so recovery fine-tuning freezes it (:meth:`freeze_shared`). ``None`` stands for
+        an optional module the model lacks.
+        """
+
+    @abstractmethod
     def embeddings(self) -> nn.Module:
         """A copy of the input stage: ``module(**batch) -> (hidden [B, T, D], attn_bias | None)``.
 
-        ``attn_bias`` is additive, broadcastable to ``[B, heads, T, T]`` (``-inf``-like for masked keys).
+        Built from copies of :meth:`input_modules`. ``attn_bias`` is additive, broadcastable to
+        ``[B, heads, T, T]`` (``-inf``-like for masked keys).
         """
+
+    def shared_parameters(self) -> dict[str, nn.Parameter]:
+        """``name -> parameter`` of :meth:`input_modules` (what the fused members share), named as in the model."""
+        ids = {id(p) for module in self.input_modules() if module is not None for p in module.parameters()}
+        return {name: p for name, p in self.model.named_parameters() if id(p) in ids}
+
+    def freeze_shared(self) -> list[str]:
+        """Stop gradients to :meth:`shared_parameters` (a member's recovery fine-tuning); their names, sorted."""
+        shared = self.shared_parameters()
+        for param in shared.values():
+            param.requires_grad_(False)
+        return sorted(shared)
 
     @abstractmethod
     def head(self) -> nn.Module:

@@ -165,11 +165,14 @@ class BertAdapter(ModelAdapter):
             return batch["attention_mask"].bool()
         return torch.ones_like(batch["input_ids"], dtype=torch.bool)
 
+    def input_modules(self) -> tuple[nn.Module | None, ...]:
+        """The embeddings and, where the encoder has one (ELECTRA), the projection up to the hidden size."""
+        enc = self.encoder_model
+        return enc.embeddings, getattr(enc, "embeddings_project", None)
+
     def embeddings(self) -> nn.Module:
         """Copy of the embedding stage."""
-        enc = self.encoder_model
-        project = getattr(enc, "embeddings_project", None)
-        return BertEmbeddingStage(copy.deepcopy(enc.embeddings), copy.deepcopy(project))
+        return BertEmbeddingStage(*(copy.deepcopy(m) for m in self.input_modules()))
 
     def head(self) -> nn.Module:
         """Copy of pooler + classifier."""

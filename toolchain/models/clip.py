@@ -176,11 +176,15 @@ class CLIPAdapter(ModelAdapter):
         if self.tower != "vision":
             raise NotImplementedError(f"{what} is defined for the vision tower; the text tower is fixed prompts")
 
-    def embeddings(self) -> nn.Module:
-        """Copy of the vision input stage."""
+    def input_modules(self) -> tuple[nn.Module | None, ...]:
+        """The vision embeddings and the LayerNorm before the first layer (``pre_layrnorm``)."""
         self._require_vision("fusion")
         vm = self.model.vision_model
-        return CLIPVisionEmbeddingStage(copy.deepcopy(vm.embeddings), copy.deepcopy(vm.pre_layrnorm))
+        return vm.embeddings, vm.pre_layrnorm
+
+    def embeddings(self) -> nn.Module:
+        """Copy of the vision input stage."""
+        return CLIPVisionEmbeddingStage(*(copy.deepcopy(m) for m in self.input_modules()))
 
     def head(self) -> nn.Module:
         """Zero-shot head with the class-prompt embeddings frozen in."""

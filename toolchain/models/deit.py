@@ -63,9 +63,13 @@ class DeiTAdapter(ViTAdapter):
         del encoder_only
         return PLAIN if PLAIN in (getattr(config, "architectures", None) or []) else TEACHER
 
+    def input_modules(self) -> tuple[nn.Module | None, ...]:
+        """The embeddings (patches, CLS and distillation tokens, positions)."""
+        return (self.encoder_model.embeddings,)
+
     def embeddings(self) -> nn.Module:
         """Copy of the embedding stage (patches, CLS and distillation tokens, positions)."""
-        return ViTEmbeddingStage(copy.deepcopy(self.encoder_model.embeddings))
+        return ViTEmbeddingStage(*(copy.deepcopy(m) for m in self.input_modules()))
 
     def head(self) -> nn.Module:
         """Copy of final LayerNorm + the classifier(s)."""

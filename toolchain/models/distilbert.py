@@ -95,9 +95,13 @@ class DistilBertAdapter(BertAdapter):
         out = self.model(**feed)
         return out.logits if hasattr(out, "logits") else out.last_hidden_state[:, 0]
 
+    def input_modules(self) -> tuple[nn.Module | None, ...]:
+        """The embeddings (words, positions, LayerNorm)."""
+        return (self.encoder_model.embeddings,)
+
     def embeddings(self) -> nn.Module:
         """Copy of the embedding stage."""
-        return DistilBertEmbeddingStage(copy.deepcopy(self.encoder_model.embeddings))
+        return DistilBertEmbeddingStage(*(copy.deepcopy(m) for m in self.input_modules()))
 
     def head(self) -> nn.Module:
         """Copy of pre_classifier + classifier."""

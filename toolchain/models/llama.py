@@ -153,9 +153,13 @@ class LlamaAdapter(ModelAdapter):
             return batch["attention_mask"].bool()
         return torch.ones_like(batch["input_ids"], dtype=torch.bool)
 
+    def input_modules(self) -> tuple[nn.Module | None, ...]:
+        """The token embeddings (``embed_tokens``) and the rotary module (angles: buffers, no weights)."""
+        return self.decoder.embed_tokens, self.decoder.rotary_emb
+
     def embeddings(self) -> nn.Module:
         """Copy of the input stage (token embeddings and the rotary module)."""
-        return LlamaInputStage(copy.deepcopy(self.decoder.embed_tokens), copy.deepcopy(self.decoder.rotary_emb))
+        return LlamaInputStage(*(copy.deepcopy(m) for m in self.input_modules()))
 
     def head(self) -> nn.Module:
         """Copy of the final RMSNorm and ``score``."""

@@ -71,9 +71,13 @@ class RobertaAdapter(BertAdapter):
         pooled = getattr(out, "pooler_output", None)
         return pooled if pooled is not None else out.last_hidden_state[:, 0]
 
+    def input_modules(self) -> tuple[nn.Module | None, ...]:
+        """The embeddings (words, positions, token types, LayerNorm)."""
+        return (self.encoder_model.embeddings,)
+
     def embeddings(self) -> nn.Module:
         """Copy of the embedding stage."""
-        return RobertaEmbeddingStage(copy.deepcopy(self.encoder_model.embeddings))
+        return RobertaEmbeddingStage(*(copy.deepcopy(m) for m in self.input_modules()))
 
 
 @register_adapter

@@ -101,9 +101,13 @@ class ViTAdapter(ModelAdapter):
         emb = self.encoder_model.embeddings
         return torch.ones(n, emb.patch_embeddings.num_patches + self.extra_tokens, dtype=torch.bool)
 
+    def input_modules(self) -> tuple[nn.Module | None, ...]:
+        """The embeddings (patches, CLS token, positions)."""
+        return (self.encoder_model.embeddings,)
+
     def embeddings(self) -> nn.Module:
         """Copy of the embedding stage."""
-        return ViTEmbeddingStage(copy.deepcopy(self.encoder_model.embeddings))
+        return ViTEmbeddingStage(*(copy.deepcopy(m) for m in self.input_modules()))
 
     def head(self) -> nn.Module:
         """Copy of final LayerNorm + classifier."""

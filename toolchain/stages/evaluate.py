@@ -12,6 +12,7 @@ from toolchain.inference import module_outputs
 from toolchain.metrics.registry import view_keys
 from toolchain.pipeline import Context, same_stage_files, stage
 from toolchain.pruning.diversity import ensemble_diversity
+from toolchain.recipe import EVALUATION_FIELDS
 from toolchain.stages.common import VariantContext, circuit_sees_ood, load_stage_model, selection_ood_rows
 
 
@@ -146,7 +147,7 @@ def _shift(ctx: Context, models: dict[str, list[Any]], tok: Any, names: list[str
             "differences_by_kind": by_kind}
 
 
-@stage("evaluate", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "shift"),
+@stage("evaluate", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "shift", *EVALUATION_FIELDS),
        upstream=("fuse", "ensemble"), summary="uncertainty metrics: single model, deep ensemble, Hydra (PyTorch)",
        version=4)  # 3: shift.json (corruption suites); 4: ood.json (far and near OOD), baselines in selection.json
 def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:

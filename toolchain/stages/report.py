@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from toolchain.pipeline import Context, stage
+from toolchain.recipe import EVALUATION_FIELDS
 
 
 @stage("report", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines", "bench",
-                            "compare"),
+                            "compare", *EVALUATION_FIELDS),
        upstream=("evaluate", "compare", "parity", "bench"), summary="results report (Markdown + HTML with plots)",
        version=2)  # 2: exported graphs' node counts
 def report_stage(ctx: Context, work: Path) -> dict[str, Any]:

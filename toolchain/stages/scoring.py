@@ -110,10 +110,7 @@ def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch
         keep = masks[i]
         pruned = adapter.prune(keep)
         pa = adapter_for(pruned, **adapter_kwargs(adapter))
-        # the fused model computes the embedding stage once for all members: keep it as the base's
-        for name, param in pruned.named_parameters():
-            if ".embeddings." in f".{name}" or "pre_layrnorm" in name:
-                param.requires_grad_(False)
+        pa.freeze_shared()  # the fused model runs the input stage once for all members: keep it the base's
         seed = ctx.recipe.seed + 7919 * (i + 1)
         part = train
         if rec.bootstrap:  # the member's own resample of the training split (with replacement)
