@@ -277,9 +277,10 @@ def bench_command(
 def build_command(
     targets: Annotated[list[Path], typer.Argument(help="ONNX graphs, or one recipe YAML file (runs the recipe up to "
                                                   "its build stage)", show_default=False)],
-    engine: Annotated[str, typer.Option("--engine", metavar="LIST", help="kinds to build, comma-separated: "
-                                        "openvino-cpu (each FP32 graph at each --precision), tensorrt")]
-    = "openvino-cpu",
+    engine: Annotated[str | None, typer.Option("--engine", metavar="LIST", help="kinds to build, comma-separated: "
+                                               "openvino-cpu (each FP32 graph at each --precision), tensorrt "
+                                               "(default: the kinds that build without a GPU)",
+                                               show_default=False)] = None,
     precision: Annotated[str, typer.Option("--precision", metavar="LIST", help="precisions, comma-separated: fp32, "
                                            "fp16, bf16 (a precision this machine lacks is reported, not built)")]
     = "fp32,bf16",
@@ -307,7 +308,11 @@ def build_command(
     if out is None:
         raise ToolchainError("build GRAPH...: give the output folder with -o/--out.")
     say = (lambda line: None) if _STATE["quiet"] else (lambda line: console.print(f"  {escape(line)}", highlight=False))
-    records = build_files(targets, out, engines=_built_kinds_option(engine),
+    from toolchain.engines import engine_kinds
+
+    kinds = (_built_kinds_option(engine) if engine is not None else
+             [k.name for k in engine_kinds(selectable=True) if k.needs_build and not k.gpu])
+    records = build_files(targets, out, engines=kinds,
                           precisions=_csv_choice(precision, "--precision", ("fp32", "fp16", "bf16")),
                           batch=Range.parse(batch, "--batch"), sequence=Range.parse(seq, "--seq"), say=say)
     _say_engines(records, out)
