@@ -9,41 +9,41 @@ unjudgeable), how far rounding moves each rank metric.
 
 The rule
 --------
-1. Score resolution ``d_i`` of sample ``i`` at precision ``p`` (unit roundoff ``u``: fp32
-   2^-24, fp16 2^-11, bf16 2^-8): the largest change of its score when the score's inputs are
-   perturbed by ``K = 4`` unit roundoffs (2 ulps) of ``p`` with alternating signs along
-   the class axis: probabilities by ``K*u*p`` (the MSP, entropy and failure scores), member
-   logits by ``K*u*max(|z|, 1)`` (mutual information, disagreement). ``K = 4`` is the measured
-   largest error of correct engines: true FP16 arithmetic moved probabilities by <= 1.9e-3 at
-   p ~ 0.9 (4.3 u), true BF16 by <= 1.9e-2 (5 u at p ~ 0.9, less at higher p) (see :mod:`.tolerances`).
-   A discrete score (disagreement) gets ``d_i`` > 0 only where a member's argmax can flip.
-2. Worst case ``worst_case``: the metric recomputed with each reference score pushed by its ``d_i``
-   against the detector (positives down, negatives up) and for it, the larger distance from the
-   reference's value. Every rank metric is monotone in such shifts, so no engine whose scores
-   stay within ``d_i`` of the reference's can move the metric further.
-3. Calibrated bound ``bound``: the rounding errors of a correct engine are not all against the
-   detector at once. ``DRAWS = 1000`` times, every reference score moves by an independent
-   amount drawn uniformly from ``[-d_i, d_i]`` (seeded: the same inputs give the same bound),
-   and the metric is recomputed (:func:`rank_metrics`, vectorised over the draws); ``bound`` is
-   the ``QUANTILE = 0.999`` quantile (numpy's linear interpolation: between the two largest of
-   the 1,000 values) of ``|metric(draw) - metric(reference)|``, never above ``worst_case``.
-   ``failure_auroc`` differs in one respect: rounding also changes WHICH predictions are wrong
-   (its positives) where the top two probabilities lie within rounding of each other, and one
-   such flip moves it by about ``(1 - AUROC) / n_errors``. Its draws therefore move every
-   probability by an independent relative amount in ``[-K*u, K*u]`` (renormalised) and recompute
-   both the score and the errors; where a prediction can flip, the draws are always made and
-   ``worst_case`` becomes the larger of the fixed-label worst case and the largest drawn change.
-   Uniform within ``d_i`` is wider than real rounding (most errors of a correct engine are a
-   fraction of its K-ulp maximum, and they partly cancel inside a score), so the bound errs
-   towards passing correct engines; benchmarks/rank_gate measures its false-alarm rate on
-   correct engines and its catch rate on broken ones. When ``worst_case <= limit`` (and no
-   prediction can flip) the draws are skipped, since no bound below the worst case can change
-   the verdict, and ``bound = worst_case``.
-4. Flat scores: when the resolution intervals ``[s_i - d_i, s_i + d_i]`` of ALL the reference's
-   scores (both groups) share a point, i.e. ``max(s_i - d_i) < min(s_i + d_i)``, rounding alone
-   can put the samples in any order and the metric carries no information at this precision
-   (the near-untrained case). Only then can a check be **not resolvable**.
-5. Verdict of the rank check, with ``limit`` its tolerance and ``delta`` the candidate's change:
+1. Resolution of the inputs at precision ``p`` (unit roundoff ``u``: fp32 2^-24, fp16 2^-11,
+   bf16 2^-8): ``K = 4`` unit roundoffs (2 ulps), relative for probabilities (the MSP, entropy and
+   failure scores), ``K*u*max(|z|, 1)`` for member logits (mutual information, disagreement).
+   ``K = 4`` is the measured largest error of correct engines: true FP16 arithmetic moved
+   probabilities by <= 1.9e-3 at p ~ 0.9 (4.3 u), true BF16 by <= 1.9e-2 (5 u at p ~ 0.9, less at
+   higher p) (see :mod:`.tolerances`). ``d_i``: the change of sample ``i``'s score when its inputs
+   move by that much with alternating signs along the class (and member) axes.
+2. Rounded scores: ``MOVES = 64`` times, every input of every sample moves by an independent
+   amount uniform within its resolution and the score is recomputed (a discrete score such as
+   disagreement stays on its grid; for ``failure_auroc`` the predicted class is recomputed too,
+   so rounding can change WHICH predictions are wrong, its positives, where the top two
+   probabilities lie within rounding of each other: one such flip moves it by about
+   ``(1 - AUROC) / n_errors``). ``reach_i``: the larger of ``d_i`` and the largest of these moves.
+3. Worst case ``worst_case``: the metric recomputed with each reference score pushed by its
+   ``reach_i`` against the detector (positives down, negatives up) and for it, the larger
+   distance from the reference's value. Every rank metric is monotone in such shifts, so no
+   engine whose scores stay within ``reach_i`` of the reference's and keep their labels can move
+   the metric further (with label flips: at least as far as the largest drawn change, below).
+4. Calibrated bound ``bound``: a correct engine's rounding errors are not all against the
+   detector at once. ``DRAWS = 1000`` times, every sample takes one of its rounded scores (and
+   labels) at random, independently of the others, and the metric is recomputed
+   (:func:`rank_metrics`, vectorised over the draws); ``bound`` is the ``QUANTILE = 0.999``
+   quantile (numpy's linear interpolation: between the two largest of the 1,000 values) of
+   ``|metric(draw) - metric(reference)|``. Every random number is seeded (``SEED``, one stream
+   per score): the same reference and precision always give the same bound. Uniform within
+   ``K`` unit roundoffs is wider than real rounding (most errors of a correct engine are a
+   fraction of its largest), so the bound errs towards passing correct engines;
+   benchmarks/rank_gate measures its false-alarm rate on correct engines and its catch rate on
+   broken ones. When ``worst_case <= limit`` and no prediction can flip, the draws are skipped
+   (no bound can then change the verdict) and ``bound = worst_case``, ``draws = 0``.
+5. Flat scores: when the intervals ``[s_i - reach_i, s_i + reach_i]`` of ALL the reference's
+   scores (both groups) share a point, i.e. ``max(s_i - reach_i) < min(s_i + reach_i)``, rounding
+   alone can put the samples in any order and the metric carries no information at this
+   precision (the near-untrained case). Only then can a check be **not resolvable**.
+6. Verdict of the rank check, with ``limit`` its tolerance and ``delta`` the candidate's change:
 
    * flat scores and ``worst_case > limit``: ``|delta| > worst_case`` fails (more than any
      rounding can do: a broken engine, however flat the scores), otherwise **not resolvable**
@@ -84,11 +84,18 @@ ULPS = 4.0
 DRAWS = 1000
 QUANTILE = 0.999
 SEED = 0
+MOVES = 64  # rounded values of each sample's score that the draws pick from
+_PER_PASS = 16  # moves computed at once (memory: [16, N, M, C] float64 member logits)
 _CHUNK = 250  # draws per vectorised batch (memory: a few [250, n] float64 arrays)
 _METRICS = ("auroc", "aupr", "fpr95")
 _STREAMS = ("failure", "msp", "entropy", "mi", "disagreement")  # one random stream per score, by name
 _CACHE: OrderedDict[str, dict[str, RankResolution]] = OrderedDict()  # a verdict judges many candidates
 _CACHE_SIZE = 8  # against one reference: the draws are made once per (reference, precision, limits)
+
+
+def _rng(name: str, part: int = 0) -> np.random.Generator:
+    """The seeded random stream of one score (and part): the same inputs always give the same bounds."""
+    return np.random.default_rng([SEED, _STREAMS.index(name), part])
 
 
 def is_rank_metric(metric: str) -> bool:
@@ -105,11 +112,11 @@ class RankResolution:
 
     metric: str
     precision: str
-    score_delta: float  # the largest per-sample score resolution d_i: K ulps of the inputs, propagated
+    score_delta: float  # the largest per-sample reach_i: how far rounding of the inputs moves a score
     score_spread: float  # max - min of the reference's scores (both groups)
-    bound: float  # calibrated: the QUANTILE of |metric change| over DRAWS random moves within d_i
-    worst_case: float  # every score pushed by d_i against (or for) the detector
-    flat: bool  # every score's interval [s_i - d_i, s_i + d_i] shares one point: any order is rounding
+    bound: float  # calibrated: the QUANTILE of |metric change| over DRAWS independent draws of rounded scores
+    worst_case: float  # every score pushed by reach_i against (or for) the detector
+    flat: bool  # every interval [s_i - reach_i, s_i + reach_i] shares one point: any order is rounding
     n_positive: int
     n_negative: int
     step: float  # the metric's resolution: 1/n_negative (fpr95), 1/(n_pos*n_neg) (auroc, aupr)
@@ -244,70 +251,59 @@ def score_resolution(score: Callable[[np.ndarray], np.ndarray], x: np.ndarray, p
 # ------------------------------------------------------------------------------------------ bounds
 
 
-def _can_flip(probs: np.ndarray, eps: float) -> np.ndarray:
-    """Per sample: moving each probability by a relative ``eps`` can change the predicted class."""
-    top = np.sort(probs, axis=-1)
-    return top[:, -1] * (1.0 - eps) <= top[:, -2] * (1.0 + eps)
+def _moves(score: Callable[[np.ndarray], np.ndarray], x: np.ndarray, inputs: str, eps: float,
+           rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``MOVES`` rounded values of every sample's score, and of its predicted class: ``([R, N], [R, N])``.
+
+    Each is ``score`` recomputed with every input moved by an independent amount uniform within its
+    resolution: probabilities by a relative ``[-eps, eps]`` (renormalised), member logits by
+    ``[-eps, eps] * max(|z|, 1)``.
+    """
+    scores, classes = [], []
+    for _ in range(MOVES // _PER_PASS):
+        noise = rng.uniform(-eps, eps, (_PER_PASS, *x.shape))
+        if inputs == "probs":
+            moved = x * (1.0 + noise)
+            moved /= moved.sum(axis=-1, keepdims=True)
+            classes.append(moved.argmax(axis=-1))
+        else:
+            moved = x + noise * np.maximum(np.abs(x), 1.0)
+        scores.append(score(moved.reshape(-1, *x.shape[1:])).reshape(_PER_PASS, len(x)))
+    return np.concatenate(scores), (np.concatenate(classes) if classes else np.zeros(0))
 
 
-Draw = Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]]
+def _group(s: np.ndarray, pos: np.ndarray, moved: np.ndarray, moved_pos: np.ndarray | None, d: np.ndarray,
+           limits: Mapping[str, float] | None, keys: Mapping[str, str],
+           rng: np.random.Generator) -> dict[str, tuple[float, float, int, float]]:
+    """``{metric: (worst case, calibrated bound, draws, reach)}`` of one score on one sample set.
 
-
-def _group(s: np.ndarray, d: np.ndarray, pos: np.ndarray, limits: Mapping[str, float] | None,
-           keys: Mapping[str, str], seed: int, draw: Draw | None = None,
-           moves_labels: bool = False) -> dict[str, tuple[float, float, int]]:
-    """``{metric: (worst case, calibrated bound, draws)}`` of one score on one sample set.
-
-    ``draw(rng, k)`` gives ``k`` rows of moved scores and their positives (``[n]`` or ``[k, n]``);
-    by default every score moves uniformly within its ``d_i`` and the positives stay.
-    ``moves_labels``: the draws can change which samples are positive, so they are needed even
-    when the fixed-label worst case is within the limit, and they may exceed it.
+    ``moved [R, n]``: each sample's rounded scores (:func:`_moves`); ``moved_pos [R, n]``: whether
+    it is positive in each (failure AUROC: whether the prediction is wrong), None: never changes.
     """
     ref = rank_metrics(s, pos)
+    reach = np.maximum(d, np.abs(moved - s).max(axis=0))  # no drawn score moves further than this
     sign = np.where(pos, 1.0, -1.0)
-    pushed = rank_metrics(np.stack([s - sign * d, s + sign * d]), pos)  # against, then for, the detector
+    pushed = rank_metrics(np.stack([s - sign * reach, s + sign * reach]), pos)  # against, then for, the detector
     worst = {m: float(np.abs(pushed[m] - ref[m]).max()) for m in keys}
-    needed = moves_labels or limits is None or any(worst[m] > limits.get(key, 0.0) for m, key in keys.items())
-    if not needed or not (moves_labels or (d > 0).any()):
-        return {m: (worst[m], worst[m], 0) for m in keys}
-    if draw is None:
-        by_score = np.argsort(s, kind="stable")  # then every draw is nearly sorted: a faster argsort
-        s0, d0, pos0 = s[by_score], d[by_score], pos[by_score]
-
-        def draw(rng: np.random.Generator, k: int) -> tuple[np.ndarray, np.ndarray]:
-            return s0 + d0 * rng.uniform(-1.0, 1.0, (k, s0.size)), pos0
-
-    rng = np.random.default_rng([SEED, seed])
-    moved: dict[str, list[np.ndarray]] = {m: [] for m in keys}
+    flips = moved_pos is not None and bool((moved_pos != pos).any())
+    if not flips and limits is not None and all(worst[m] <= limits.get(key, 0.0) for m, key in keys.items()):
+        return {m: (worst[m], worst[m], 0, float(reach.max())) for m in keys}
+    by_score = np.argsort(s, kind="stable")  # then every draw is nearly sorted: a faster argsort
+    moved = moved[:, by_score]
+    moved_pos = moved_pos[:, by_score] if flips else pos[by_score]
+    columns = np.arange(len(s))
+    changes: dict[str, list[np.ndarray]] = {m: [] for m in keys}
     for done in range(0, DRAWS, _CHUNK):
-        got = rank_metrics(*draw(rng, min(_CHUNK, DRAWS - done)))
+        pick = rng.integers(0, MOVES, (min(_CHUNK, DRAWS - done), len(s)))  # each sample: one of its moves
+        got = rank_metrics(moved[pick, columns], moved_pos[pick, columns] if flips else moved_pos)
         for m in keys:  # a draw where the metric is undefined (one class gone) counts as its whole range
-            moved[m].append(np.nan_to_num(np.abs(got[m] - ref[m]), nan=1.0))
+            changes[m].append(np.nan_to_num(np.abs(got[m] - ref[m]), nan=1.0))
     out = {}
     for m in keys:
-        every = np.concatenate(moved[m])
-        bound = float(np.quantile(every, QUANTILE))
-        out[m] = ((max(worst[m], float(every.max())), bound, DRAWS) if moves_labels
-                  else (worst[m], min(worst[m], bound), DRAWS))
+        every = np.concatenate(changes[m])
+        out[m] = (max(worst[m], float(every.max())), float(np.quantile(every, QUANTILE)), DRAWS,
+                  float(reach.max()))
     return out
-
-
-def _failure_draw(probs: np.ndarray, labels: np.ndarray, eps: float) -> Draw:
-    """Draws for failure AUROC, where rounding moves the labels too (which predictions are wrong).
-
-    Every probability moves by an independent relative amount in ``[-eps, eps]`` (renormalised),
-    and both the score ``-MSP`` and the errors are recomputed.
-    """
-    by_score = np.argsort(-probs.max(axis=-1), kind="stable")  # nearly sorted draws: a faster argsort
-    probs, labels = probs[by_score], labels[by_score]
-
-    def draw(rng: np.random.Generator, k: int) -> tuple[np.ndarray, np.ndarray]:
-        moved = rng.uniform(-eps, eps, (k, *probs.shape))
-        moved += 1.0
-        moved *= probs
-        return -moved.max(axis=-1) / moved.sum(axis=-1), moved.argmax(axis=-1) != labels  # renormalised MSP
-
-    return draw
 
 
 def rank_resolutions(
@@ -356,13 +352,14 @@ def _resolutions(probs_id: np.ndarray, labels: np.ndarray, probs_ood: np.ndarray
                  limits: Mapping[str, float] | None) -> dict[str, RankResolution]:
     out: dict[str, RankResolution] = {}
     eps = ULPS * UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["fp32"])
-    # (score name, {metric: report key}, scores s_i (higher: positive), d_i, positive mask, draw)
-    groups: list[tuple[str, dict[str, str], np.ndarray, np.ndarray, np.ndarray, Draw | None]] = []
+    # (score name, {metric: report key}, scores s_i (higher: positive), positive mask, rounded scores [R, n],
+    #  rounded positive masks [R, n] or None, d_i)
+    groups: list[tuple[str, dict[str, str], np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]] = []
     wrong = probs_id.argmax(axis=1) != labels
     if wrong.any() and not wrong.all():  # misclassification detection: errors positive, score -MSP
-        groups.append(("failure", {"auroc": "failure_auroc"}, msp_score(probs_id),
-                       score_resolution(msp_score, probs_id, precision), wrong,
-                       _failure_draw(probs_id, labels, eps)))
+        moved, classes = _moves(msp_score, probs_id, "probs", eps, _rng("failure"))
+        groups.append(("failure", {"auroc": "failure_auroc"}, msp_score(probs_id), wrong, moved, classes != labels,
+                       score_resolution(msp_score, probs_id, precision)))
     sources: list[tuple[str, Callable[[np.ndarray], np.ndarray], str, Any, Any]] = []
     if probs_ood is not None:
         sources += [("msp", msp_score, "probs", probs_id, probs_ood),
@@ -371,19 +368,22 @@ def _resolutions(probs_id: np.ndarray, labels: np.ndarray, probs_ood: np.ndarray
         sources += [("mi", mutual_information, "logits", members_id, members_ood),
                     ("disagreement", disagreement, "logits", members_id, members_ood)]
     for name, score, inputs, x_id, x_ood in sources:  # OOD detection: OOD positive, higher = more OOD
+        rng = _rng(name)
         s = np.concatenate([score(x_id), score(x_ood)])
         d = np.concatenate([score_resolution(score, x_id, precision, inputs),
                             score_resolution(score, x_ood, precision, inputs)])
+        moved = np.concatenate([_moves(score, x_id, inputs, eps, rng)[0], _moves(score, x_ood, inputs, eps, rng)[0]],
+                               axis=1)
         pos = np.r_[np.zeros(len(x_id), bool), np.ones(len(x_ood), bool)]
-        groups.append((name, {m: f"{m}_{name}" for m in _METRICS}, s, d, pos, None))
-    for name, keys, s, d, pos, draw in groups:
-        flips = name == "failure" and bool(_can_flip(probs_id, eps).any())
-        values = _group(s, d, pos, limits, keys, _STREAMS.index(name), draw, moves_labels=flips)
-        flat = bool(np.max(s - d) < np.min(s + d))
+        groups.append((name, {m: f"{m}_{name}" for m in _METRICS}, s, pos, moved, None, d))
+    for name, keys, s, pos, moved, moved_pos, d in groups:
+        values = _group(s, pos, moved, moved_pos, d, limits, keys, _rng(name, 1))
         n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+        reach_i = np.maximum(d, np.abs(moved - s).max(axis=0))
+        flat = bool(np.max(s - reach_i) < np.min(s + reach_i))  # every interval [s - reach, s + reach] overlaps
         for metric, key in keys.items():
-            worst, bound, draws = values[metric]
+            worst, bound, draws, reach = values[metric]
             step = 1.0 / n_neg if metric == "fpr95" else 1.0 / (n_pos * n_neg)
-            out[key] = RankResolution(key, precision, float(d.max()), float(np.ptp(s)), bound, worst, flat,
+            out[key] = RankResolution(key, precision, reach, float(np.ptp(s)), bound, worst, flat,
                                       n_pos, n_neg, step, draws)
     return out
