@@ -1,56 +1,79 @@
-"""Rank-metric resolution: how far rounding at a precision can move a rank metric on given samples.
+"""Rank-metric resolution: how far rounding at a precision moves a rank metric on given samples.
 
 Rank metrics (``failure_auroc``, ``auroc_*``, ``aupr_*``, ``fpr95_*``) depend only on the ORDER of
 per-sample scores. A correct FP16/BF16 engine moves every score a little; where reference scores
-lie closer together than that, their order in the candidate is rounding noise and so is the
-metric's delta. This module decides, from the REFERENCE's outputs and the candidate's precision
-only (never from the candidate's outputs, so a broken engine cannot make itself unjudgeable),
-how far rounding alone can move each rank metric.
+lie closer together than that, their order in the candidate is rounding noise and so is part of
+the metric's delta. This module decides, from the REFERENCE's outputs and the candidate's
+precision only (never from the candidate's outputs, so a broken engine cannot make itself
+unjudgeable), how far rounding moves each rank metric.
 
 The rule
 --------
-1. Score resolution ``delta_i`` of sample ``i`` at precision ``p`` (unit roundoff ``u``: fp32
-   2^-24, fp16 2^-11, bf16 2^-8): the largest change of its score when the score's inputs are
-   perturbed by ``K = 4`` unit roundoffs (2 ulps) of ``p`` with alternating signs along
-   the class axis: probabilities by ``K*u*p`` (the MSP, entropy and failure scores), member
-   logits by ``K*u*max(|z|, 1)`` (mutual information, disagreement). ``K = 4`` is the measured
-   largest error of correct engines: true FP16 arithmetic moved probabilities by <= 1.9e-3 at
-   p ~ 0.9 (4.3 u), true BF16 by <= 1.9e-2 (5 u at p ~ 0.9, less at higher p) (see :mod:`.tolerances`).
-   A discrete score (disagreement) gets ``delta_i`` > 0 only where a member's argmax can flip.
-2. Rounding bound ``bound``: the metric recomputed with each reference score pushed by its
-   ``delta_i`` against the detector (positives down, negatives up) and for it; ``bound`` is the
-   larger of the two distances from the reference's value. Every rank metric is monotone in
-   such shifts, so no engine whose scores stay within ``delta_i`` of the reference's can move the
-   metric further. ``bound`` accounts for the number of samples too: one sample that can cross
-   the threshold moves FPR95 by ``1/n_negatives`` (its resolution), a pair moves AUROC by
-   ``1/(n_pos*n_neg)``.
-3. Verdict of the rank check, with ``limit`` its tolerance: ``|delta_metric| > bound`` fails (more
-   than rounding can do: a broken engine, however flat the scores); otherwise, when
-   ``bound > limit`` the check is **not resolvable** (neither pass nor fail: the gate cannot
-   separate rounding from breakage on these samples at this precision; the numeric checks still
-   gate), else the ordinary ``|delta_metric| <= limit`` rule decides.
+1. Resolution of the inputs at precision ``p`` (unit roundoff ``u``: fp32 2^-24, fp16 2^-11,
+   bf16 2^-8): ``K = 4`` unit roundoffs (2 ulps), relative for probabilities (the MSP, entropy and
+   failure scores), ``K*u*max(|z|, 1)`` for member logits (mutual information, disagreement).
+   ``K = 4`` is the measured largest error of correct engines: true FP16 arithmetic moved
+   probabilities by <= 1.9e-3 at p ~ 0.9 (4.3 u), true BF16 by <= 1.9e-2 (5 u at p ~ 0.9, less at
+   higher p) (see :mod:`.tolerances`). ``d_i``: the change of sample ``i``'s score when its inputs
+   move by that much with alternating signs along the class (and member) axes.
+2. Rounded scores: ``MOVES = 64`` times, every input of every sample moves by an independent
+   amount uniform within its resolution and the score is recomputed (a discrete score such as
+   disagreement stays on its grid; for ``failure_auroc`` the predicted class is recomputed too,
+   so rounding can change WHICH predictions are wrong, its positives, where the top two
+   probabilities lie within rounding of each other: one such flip moves it by about
+   ``(1 - AUROC) / n_errors``). ``reach_i``: the larger of ``d_i`` and the largest of these moves.
+3. Worst case ``worst_case``: the metric recomputed with each reference score pushed by its
+   ``reach_i`` against the detector (positives down, negatives up) and for it, the larger
+   distance from the reference's value. Every rank metric is monotone in such shifts, so no
+   engine whose scores stay within ``reach_i`` of the reference's and keep their labels can move
+   the metric further (with label flips: at least as far as the largest drawn change, below).
+4. Calibrated bound ``bound``: a correct engine's rounding errors are not all against the
+   detector at once. ``DRAWS = 1000`` times, every sample takes one of its rounded scores (and
+   labels) at random, independently of the others, and the metric is recomputed
+   (:func:`rank_metrics`, vectorised over the draws); ``bound`` is the ``QUANTILE = 0.999``
+   quantile (numpy's linear interpolation: between the two largest of the 1,000 values) of
+   ``|metric(draw) - metric(reference)|``. Every random number is seeded (``SEED``, one stream
+   per score): the same reference and precision always give the same bound. Uniform within
+   ``K`` unit roundoffs is wider than real rounding (most errors of a correct engine are a
+   fraction of its largest), so the bound errs towards passing correct engines;
+   benchmarks/rank_gate measures its false-alarm rate on correct engines and its catch rate on
+   broken ones. When ``worst_case <= limit`` and no prediction can flip, the draws are skipped
+   (no bound can then change the verdict) and ``bound = worst_case``, ``draws = 0``.
+5. Flat scores: when the intervals ``[s_i - reach_i, s_i + reach_i]`` of ALL the reference's
+   scores (both groups) share a point, i.e. ``max(s_i - reach_i) < min(s_i + reach_i)``, rounding
+   alone can put the samples in any order and the metric carries no information at this
+   precision (the near-untrained case). Only then can a check be **not resolvable**.
+6. Verdict of the rank check, with ``limit`` its tolerance and ``delta`` the candidate's change:
+
+   * flat scores and ``worst_case > limit``: ``|delta| > worst_case`` fails (more than any
+     rounding can do: a broken engine, however flat the scores), otherwise **not resolvable**
+     (neither pass nor fail; the numeric checks still gate);
+   * otherwise: ``|delta| <= max(limit, bound)`` passes, a larger change fails.
 
 Example: a near-untrained model whose mean confidences span 0.33648-0.33657 (9e-5, below FP16's
-spacing of 2.4e-4 at 0.34): every score's resolution covers the whole spread, so ``bound`` is of
-the order of the metric's range and its rank checks are not resolvable (tests/parity/
-test_parity_resolution.py). Scores spread over [0.4, 1] on 200 + 200 samples give bounds of
-0.002-0.006 at FP16 (gated, tolerance 0.005-0.01) and 0.01-0.055 at BF16 (mostly not
-resolvable at the default tolerances: BF16's 8 bits cannot resolve AUROC to 0.005 in the worst
-case; a change beyond the bound still fails).
+spacing of 2.4e-4 at 0.34): every score's interval covers the whole spread, so its rank checks
+are not resolvable (tests/parity/test_parity_resolution.py). The default recipe's Hydra at BF16
+(``onnxrt-cpu-bf16emu``, 1,000 ID + 500 OOD rows): the former worst-case rule left 12 of its 13
+rank checks not resolvable per engine; with the calibrated bound all 13 pass, 4 of them on a bound
+above the tolerance (``fpr95_mi``: bound 0.024, the matmul graph's change -0.012 exceeds the
+tolerance 0.01), the largest change 0.81 of its bound (benchmarks/rank_gate/results.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from toolchain.metrics import disagreement, entropy_score, msp_score, mutual_information
-from toolchain.metrics.ood import failure_auroc, ood_metrics
+from toolchain.metrics.ood import TPR_TARGET
 
-__all__ = ["RANK_PREFIXES", "ULPS", "UNIT_ROUNDOFF", "RankResolution", "is_rank_metric", "rank_resolutions"]
+__all__ = ["DRAWS", "QUANTILE", "RANK_PREFIXES", "SEED", "ULPS", "UNIT_ROUNDOFF", "RankResolution",
+           "is_rank_metric", "rank_metrics", "rank_resolutions", "score_resolution"]
 
 #: metric name prefixes of the rank (order-only) metrics of :func:`toolchain.metrics.uq_report`.
 RANK_PREFIXES: tuple[str, ...] = ("failure_auroc", "auroc_", "aupr_", "fpr95_")
@@ -58,6 +81,22 @@ RANK_PREFIXES: tuple[str, ...] = ("failure_auroc", "auroc_", "aupr_", "fpr95_")
 UNIT_ROUNDOFF: dict[str, float] = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
 #: a correct engine's score inputs move by about this many unit roundoffs (measured, see the docstring).
 ULPS = 4.0
+#: Monte Carlo draws of the calibrated bound, its quantile of |metric change|, and the seed.
+DRAWS = 1000
+QUANTILE = 0.999
+SEED = 0
+MOVES = 64  # rounded values of each sample's score that the draws pick from
+_PER_PASS = 16  # moves computed at once (memory: [16, N, M, C] float64 member logits)
+_CHUNK = 250  # draws per vectorised batch (memory: a few [250, n] float64 arrays)
+_METRICS = ("auroc", "aupr", "fpr95")
+_STREAMS = ("failure", "msp", "entropy", "mi", "disagreement")  # one random stream per score, by name
+_CACHE: OrderedDict[str, dict[str, RankResolution]] = OrderedDict()  # a verdict judges many candidates
+_CACHE_SIZE = 8  # against one reference: the draws are made once per (reference, precision, limits)
+
+
+def _rng(name: str, part: int = 0) -> np.random.Generator:
+    """The seeded random stream of one score (and part): the same inputs always give the same bounds."""
+    return np.random.default_rng([SEED, _STREAMS.index(name), part])
 
 
 def is_rank_metric(metric: str) -> bool:
@@ -70,30 +109,113 @@ def is_rank_metric(metric: str) -> bool:
 
 @dataclass(frozen=True)
 class RankResolution:
-    """How far rounding at the candidate's precision can move one rank metric on these samples."""
+    """How far rounding at the candidate's precision moves one rank metric on these samples."""
 
     metric: str
     precision: str
-    score_delta: float  # the largest per-sample score resolution: K ulps of the inputs, propagated
+    score_delta: float  # the largest per-sample reach_i: how far rounding of the inputs moves a score
     score_spread: float  # max - min of the reference's scores (both groups)
-    bound: float  # the largest metric change an engine within score_delta can cause
+    bound: float  # calibrated: the QUANTILE of |metric change| over DRAWS independent draws of rounded scores
+    worst_case: float  # every score pushed by reach_i against (or for) the detector
+    flat: bool  # every interval [s_i - reach_i, s_i + reach_i] shares one point: any order is rounding
     n_positive: int
     n_negative: int
     step: float  # the metric's resolution: 1/n_negative (fpr95), 1/(n_pos*n_neg) (auroc, aupr)
+    draws: int  # Monte Carlo draws behind ``bound`` (0: skipped, the worst case is within the limit)
 
     def resolvable(self, limit: float) -> bool:
-        """True when rounding alone cannot move the metric past ``limit``."""
-        return self.bound <= limit
+        """False only for flat scores whose worst case exceeds ``limit`` (the check cannot decide)."""
+        return not self.flat or self.worst_case <= limit
+
+    def allowed(self, limit: float) -> float:
+        """The largest ``|delta|`` that passes on resolvable scores: ``max(limit, bound)``."""
+        return max(limit, self.bound)
 
     def reason(self, limit: float) -> str:
         """One sentence for the verdict."""
-        return (f"rounding at {self.precision} (score resolution {self.score_delta:.3g}, reference scores spread "
-                f"{self.score_spread:.3g}) can move it by up to {self.bound:.4g} > allowed {limit:.4g} on "
-                f"{self.n_positive} positive / {self.n_negative} negative samples (metric step {self.step:.3g})")
+        where = (f"(score resolution {self.score_delta:.3g}, reference scores spread {self.score_spread:.3g}) on "
+                 f"{self.n_positive} positive / {self.n_negative} negative samples (metric step {self.step:.3g})")
+        if not self.resolvable(limit):
+            return (f"flat reference scores, each within rounding of every other {where}: rounding at "
+                    f"{self.precision} alone can move it by up to {self.worst_case:.4g} > allowed {limit:.4g}")
+        return (f"rounding at {self.precision} {where} moves it by up to {self.bound:.4g} (the {QUANTILE:g} "
+                f"quantile of {self.draws} random draws; worst case {self.worst_case:.4g})")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
         return asdict(self)
+
+
+# ------------------------------------------------------------------------------------ rank metrics
+
+
+def rank_metrics(scores: np.ndarray, positive: np.ndarray) -> dict[str, np.ndarray]:
+    """AUROC, AUPR and FPR95 of every row of ``scores`` at once (positives: higher score).
+
+    Hand-written rather than scikit-learn's because the gate evaluates them on ``DRAWS`` rows of
+    scores per metric: one ``argsort`` over ``[D, n]`` and a few cumulative sums replace ``D``
+    calls of ``roc_auc_score`` / ``average_precision_score`` / ``roc_curve`` (about 50x faster).
+    They follow :mod:`toolchain.metrics.ood` exactly, ties included (tests/parity/test_rank_gate.py
+    checks equality to 1e-12): tied scores form one threshold; AUROC counts a tied positive/negative
+    pair 1/2; AUPR is the step-wise ``sum_k (R_k - R_{k-1}) P_k`` over distinct thresholds; FPR95 is
+    the FPR of the first threshold, in decreasing order, whose TPR ``tp / n_pos >= 0.95``.
+
+    Args:
+        scores: ``[n]`` or ``[D, n]`` scores (higher = more likely positive).
+        positive: ``[n]`` booleans, the same labels for every row, or ``[D, n]``, one set per row.
+
+    Returns:
+        ``{"auroc": [D], "aupr": [D], "fpr95": [D]}`` float64; NaN in a row without both classes.
+    """
+    s = np.atleast_2d(np.asarray(scores, dtype=np.float64))
+    pos = np.asarray(positive, dtype=bool)
+    rows, n = s.shape
+    if pos.shape not in ((n,), (rows, n)):
+        raise ValueError(f"rank_metrics: labels of shape {pos.shape} for scores of shape {s.shape}")
+    order = np.argsort(s, axis=1, kind="stable")[:, ::-1]  # decreasing; timsort: fast on nearly sorted draws
+    ss = np.take_along_axis(s, order, axis=1)
+    y = pos[order] if pos.ndim == 1 else np.take_along_axis(pos, order, axis=1)
+    tied = ss[:, 1:] == ss[:, :-1]
+    n_pos = pos.sum(axis=-1)
+    if pos.ndim == 1 and 0 < n_pos < n and not tied.any():  # the usual case for draws: no ties, one label set
+        # the positives' positions, row by row in decreasing score: the r-th positive (0-based) at
+        # position q has q - r negatives above it, and the metrics need nothing else
+        n_pos = int(n_pos)
+        n_neg = n - n_pos
+        q = np.nonzero(y)[1].reshape(rows, n_pos)
+        r = np.arange(n_pos)
+        pairs = n_pos * n_neg - (q.sum(axis=1) - n_pos * (n_pos - 1) // 2)  # (positive, negative) pairs in order
+        k = int(np.argmax((r + 1) / n_pos >= TPR_TARGET))  # the same float comparison as metrics.ood
+        return {"auroc": pairs / (n_pos * n_neg), "aupr": ((r + 1) / (q + 1.0)).sum(axis=1) / n_pos,
+                "fpr95": (q[:, k] - k) / n_neg}
+    n_pos = np.broadcast_to(n_pos, (rows,)).astype(np.float64)
+    n_neg = n - n_pos
+    with np.errstate(invalid="ignore", divide="ignore"):
+        undefined = np.where((n_pos == 0) | (n_neg == 0), np.nan, 0.0)
+        idx = np.arange(n)
+        last = np.ones((rows, n), dtype=bool)  # the last position of each run of tied scores (a threshold)
+        last[:, :-1] = ~tied
+        tp = np.cumsum(y, axis=1)  # positives at or above each position
+        if tied.any():
+            end = np.minimum.accumulate(np.where(last, idx, n)[:, ::-1], axis=1)[:, ::-1]  # its threshold's position
+            first = np.ones((rows, n), dtype=bool)
+            first[:, 1:] = ~tied
+            start = np.maximum.accumulate(np.where(first, idx, 0), axis=1)
+            tp_end = np.take_along_axis(tp, end, axis=1)
+            tp_before = np.take_along_axis(tp - y, start, axis=1)  # positives strictly above the tie
+        else:  # every position is its own threshold (labels that differ by row, e.g. failure AUROC's draws)
+            end, tp_end, tp_before = np.broadcast_to(idx, (rows, n)), tp, tp - y
+        # each negative: the positives above it, ties counted 1/2 (integers until the one division)
+        auroc = np.where(y, 0, tp_before + tp_end).sum(axis=1) / (2.0 * n_pos * n_neg)
+        # each positive adds recall 1/n_pos at its threshold's precision
+        aupr = np.where(y, tp_end / (end + 1.0), 0.0).sum(axis=1) / n_pos
+        reached = last & (tp / n_pos[:, None] >= TPR_TARGET)  # the same float comparison as metrics.ood
+        k = reached.argmax(axis=1)
+        fp = k + 1 - tp[np.arange(rows), k]
+        return {"auroc": auroc + undefined, "aupr": aupr + undefined, "fpr95": fp / n_neg + undefined}
+
+
+# --------------------------------------------------------------------------- score resolution d_i
 
 
 def _alternating(shape: tuple[int, ...]) -> np.ndarray:
@@ -111,18 +233,77 @@ def _perturbed_logits(logits: np.ndarray, eps: float) -> np.ndarray:
     return logits + eps * np.maximum(np.abs(logits), 1.0) * _alternating(logits.shape)
 
 
-def _score_delta(score: Callable[[np.ndarray], np.ndarray], x: np.ndarray,
-                 perturb: Callable[[np.ndarray, float], np.ndarray], eps: float) -> np.ndarray:
-    """Per sample: the largest change of its score under the +-eps perturbation of its inputs."""
+def score_resolution(score: Callable[[np.ndarray], np.ndarray], x: np.ndarray, precision: str,
+                     inputs: str = "probs") -> np.ndarray:
+    """Per sample ``d_i``: the largest change of ``score(x)`` under the +-K-ulp perturbation of its inputs.
+
+    Args:
+        score: maps ``x`` to ``[N]`` scores.
+        x: ``[N, C]`` probabilities (``inputs="probs"``) or ``[N, M, C]`` member logits (``"logits"``).
+        precision: ``fp32`` | ``fp16`` | ``bf16``.
+        inputs: ``probs`` or ``logits``: how the inputs are perturbed (module docstring, step 1).
+    """
+    eps = ULPS * UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["fp32"])
+    perturb = _perturbed_probs if inputs == "probs" else _perturbed_logits
     base = score(x)
     return np.maximum(np.abs(score(perturb(x, eps)) - base), np.abs(score(perturb(x, -eps)) - base))
 
 
-def _ood_bound(s_id: np.ndarray, s_ood: np.ndarray, d_id: np.ndarray, d_ood: np.ndarray,
-               ref: dict[str, float]) -> dict[str, float]:
-    worse = ood_metrics(s_id + d_id, s_ood - d_ood)  # OOD positive, higher = more OOD
-    better = ood_metrics(s_id - d_id, s_ood + d_ood)
-    return {k: max(abs(worse[k] - ref[k]), abs(better[k] - ref[k])) for k in ref}
+# ------------------------------------------------------------------------------------------ bounds
+
+
+def _moves(score: Callable[[np.ndarray], np.ndarray], x: np.ndarray, inputs: str, eps: float,
+           rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``MOVES`` rounded values of every sample's score, and of its predicted class: ``([R, N], [R, N])``.
+
+    Each is ``score`` recomputed with every input moved by an independent amount uniform within its
+    resolution: probabilities by a relative ``[-eps, eps]`` (renormalised), member logits by
+    ``[-eps, eps] * max(|z|, 1)``.
+    """
+    scores, classes = [], []
+    for _ in range(MOVES // _PER_PASS):
+        noise = rng.uniform(-eps, eps, (_PER_PASS, *x.shape))
+        if inputs == "probs":
+            moved = x * (1.0 + noise)
+            moved /= moved.sum(axis=-1, keepdims=True)
+            classes.append(moved.argmax(axis=-1))
+        else:
+            moved = x + noise * np.maximum(np.abs(x), 1.0)
+        scores.append(score(moved.reshape(-1, *x.shape[1:])).reshape(_PER_PASS, len(x)))
+    return np.concatenate(scores), (np.concatenate(classes) if classes else np.zeros(0))
+
+
+def _group(s: np.ndarray, pos: np.ndarray, moved: np.ndarray, moved_pos: np.ndarray | None, reach: np.ndarray,
+           limits: Mapping[str, float] | None, keys: Mapping[str, str],
+           rng: np.random.Generator) -> dict[str, tuple[float, float, int]]:
+    """``{metric: (worst case, calibrated bound, draws)}`` of one score on one sample set.
+
+    ``moved [R, n]``: each sample's rounded scores (:func:`_moves`); ``moved_pos [R, n]``: whether
+    it is positive in each (failure AUROC: whether the prediction is wrong), None: never changes;
+    ``reach [n]``: how far each score can move (no drawn score moves further).
+    """
+    ref = rank_metrics(s, pos)
+    sign = np.where(pos, 1.0, -1.0)
+    pushed = rank_metrics(np.stack([s - sign * reach, s + sign * reach]), pos)  # against, then for, the detector
+    worst = {m: float(np.abs(pushed[m] - ref[m]).max()) for m in keys}
+    flips = moved_pos is not None and bool((moved_pos != pos).any())
+    if not flips and limits is not None and all(worst[m] <= limits.get(key, 0.0) for m, key in keys.items()):
+        return {m: (worst[m], worst[m], 0) for m in keys}
+    by_score = np.argsort(s, kind="stable")  # then every draw is nearly sorted: a faster argsort
+    moved = moved[:, by_score]
+    moved_pos = moved_pos[:, by_score] if flips else pos[by_score]
+    columns = np.arange(len(s))
+    changes: dict[str, list[np.ndarray]] = {m: [] for m in keys}
+    for done in range(0, DRAWS, _CHUNK):
+        pick = rng.integers(0, MOVES, (min(_CHUNK, DRAWS - done), len(s)))  # each sample: one of its moves
+        got = rank_metrics(moved[pick, columns], moved_pos[pick, columns] if flips else moved_pos)
+        for m in keys:  # a draw where the metric is undefined (one class gone) counts as its whole range
+            changes[m].append(np.nan_to_num(np.abs(got[m] - ref[m]), nan=1.0))
+    out = {}
+    for m in keys:
+        every = np.concatenate(changes[m])
+        out[m] = (max(worst[m], float(every.max())), float(np.quantile(every, QUANTILE)), DRAWS)
+    return out
 
 
 def rank_resolutions(
@@ -132,6 +313,7 @@ def rank_resolutions(
     members_id: np.ndarray | None,
     members_ood: np.ndarray | None,
     precision: str,
+    limits: Mapping[str, float] | None = None,
 ) -> dict[str, RankResolution]:
     """One :class:`RankResolution` per rank metric of the reference's report (see the module docstring).
 
@@ -144,42 +326,64 @@ def rank_resolutions(
         members_id: ``[N, M, C]`` member logits on ID, or None.
         members_ood: ``[N_ood, M, C]`` member logits on OOD, or None.
         precision: the candidate's precision, ``fp32`` | ``fp16`` | ``bf16``.
+        limits: metric -> its tolerance on this reference; a score whose metrics' worst cases are all
+            within their limits skips the draws (``bound = worst_case``, ``draws = 0``). None: always draw.
+
+    The result is remembered for the last few (inputs, precision, limits): a verdict judges many
+    candidates against one reference, and the draws are the costly part (about 0.1 s per score).
     """
-    eps = ULPS * UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["fp32"])
+    labels = np.asarray(labels_id)
+    digest = hashlib.sha256(repr((precision, sorted((limits or {}).items()), labels.dtype.str)).encode())
+    for a in (probs_id, labels, probs_ood, members_id, members_ood):
+        digest.update(b"-" if a is None else np.ascontiguousarray(a).tobytes() + repr(np.shape(a)).encode())
+    key = digest.hexdigest()
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return dict(_CACHE[key])
+    out = _resolutions(probs_id, labels, probs_ood, members_id, members_ood, precision, limits)
+    _CACHE[key] = out
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return dict(out)
+
+
+def _resolutions(probs_id: np.ndarray, labels: np.ndarray, probs_ood: np.ndarray | None,
+                 members_id: np.ndarray | None, members_ood: np.ndarray | None, precision: str,
+                 limits: Mapping[str, float] | None) -> dict[str, RankResolution]:
     out: dict[str, RankResolution] = {}
-    n_id = len(labels_id)
-
-    def failure_score(p: np.ndarray) -> np.ndarray:
-        return -msp_score(p)
-
-    wrong = probs_id.argmax(axis=1) != labels_id
-    if wrong.any() and not wrong.all():
-        delta = _score_delta(failure_score, probs_id, _perturbed_probs, eps)
-        s = failure_score(probs_id)
-        ref = failure_auroc(probs_id, labels_id, score=s)
-        shifted = [failure_auroc(probs_id, labels_id, score=s + sign * delta * np.where(wrong, -1.0, 1.0))
-                   for sign in (1.0, -1.0)]
-        n_pos = int(wrong.sum())
-        out["failure_auroc"] = RankResolution("failure_auroc", precision, float(delta.max()), float(np.ptp(s)),
-                                              max(abs(v - ref) for v in shifted), n_pos, n_id - n_pos,
-                                              1.0 / (n_pos * (n_id - n_pos)))
-    groups: list[tuple[str, Callable[[np.ndarray], np.ndarray], Callable[..., np.ndarray], Any, Any]] = []
+    eps = ULPS * UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["fp32"])
+    # (score name, {metric: report key}, scores s_i (higher: positive), positive mask, rounded scores [R, n],
+    #  rounded positive masks [R, n] or None, d_i)
+    groups: list[tuple[str, dict[str, str], np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]] = []
+    wrong = probs_id.argmax(axis=1) != labels
+    if wrong.any() and not wrong.all():  # misclassification detection: errors positive, score -MSP
+        moved, classes = _moves(msp_score, probs_id, "probs", eps, _rng("failure"))
+        groups.append(("failure", {"auroc": "failure_auroc"}, msp_score(probs_id), wrong, moved, classes != labels,
+                       score_resolution(msp_score, probs_id, precision)))
+    sources: list[tuple[str, Callable[[np.ndarray], np.ndarray], str, Any, Any]] = []
     if probs_ood is not None:
-        groups += [("msp", msp_score, _perturbed_probs, probs_id, probs_ood),
-                   ("entropy", entropy_score, _perturbed_probs, probs_id, probs_ood)]
+        sources += [("msp", msp_score, "probs", probs_id, probs_ood),
+                    ("entropy", entropy_score, "probs", probs_id, probs_ood)]
     if members_id is not None and members_ood is not None:
-        groups += [("mi", mutual_information, _perturbed_logits, members_id, members_ood),
-                   ("disagreement", disagreement, _perturbed_logits, members_id, members_ood)]
-    for name, score, perturb, x_id, x_ood in groups:
-        d_id, d_ood = _score_delta(score, x_id, perturb, eps), _score_delta(score, x_ood, perturb, eps)
-        s_id, s_ood = score(x_id), score(x_ood)
-        ref = ood_metrics(s_id, s_ood)
-        bounds = _ood_bound(s_id, s_ood, d_id, d_ood, ref)
-        delta = float(max(d_id.max(), d_ood.max()))
-        spread = float(np.ptp(np.concatenate([s_id, s_ood])))
-        n_pos, n_neg = len(s_ood), len(s_id)
-        for metric in ("auroc", "aupr", "fpr95"):
+        sources += [("mi", mutual_information, "logits", members_id, members_ood),
+                    ("disagreement", disagreement, "logits", members_id, members_ood)]
+    for name, score, inputs, x_id, x_ood in sources:  # OOD detection: OOD positive, higher = more OOD
+        rng = _rng(name)
+        s = np.concatenate([score(x_id), score(x_ood)])
+        d = np.concatenate([score_resolution(score, x_id, precision, inputs),
+                            score_resolution(score, x_ood, precision, inputs)])
+        moved = np.concatenate([_moves(score, x_id, inputs, eps, rng)[0], _moves(score, x_ood, inputs, eps, rng)[0]],
+                               axis=1)
+        pos = np.r_[np.zeros(len(x_id), bool), np.ones(len(x_ood), bool)]
+        groups.append((name, {m: f"{m}_{name}" for m in _METRICS}, s, pos, moved, None, d))
+    for name, keys, s, pos, moved, moved_pos, d in groups:
+        reach = np.maximum(d, np.abs(moved - s).max(axis=0))
+        values = _group(s, pos, moved, moved_pos, reach, limits, keys, _rng(name, 1))
+        n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+        flat = bool(np.max(s - reach) < np.min(s + reach))  # every interval [s - reach, s + reach] overlaps
+        for metric, key in keys.items():
+            worst, bound, draws = values[metric]
             step = 1.0 / n_neg if metric == "fpr95" else 1.0 / (n_pos * n_neg)
-            key = f"{metric}_{name}"
-            out[key] = RankResolution(key, precision, delta, spread, bounds[metric], n_pos, n_neg, step)
+            out[key] = RankResolution(key, precision, float(reach.max()), float(np.ptp(s)), bound, worst, flat,
+                                      n_pos, n_neg, step, draws)
     return out

@@ -2,8 +2,8 @@
 
 A :class:`Verdict` is a list of :class:`Check` (one per engine x check: ``run``,
 ``numeric/<output>``, ``uq/<metric>``), each ``pass``, ``fail``, ``error`` or ``unresolved`` (a
-rank metric that rounding at the candidate's precision can move past its tolerance on these
-samples: neither pass nor fail, see :mod:`toolchain.parity.resolution`), with its message and
+rank metric on reference scores flat at the candidate's precision, which rounding alone can put in
+any order: neither pass nor fail, see :mod:`toolchain.parity.resolution`), with its message and
 every number. Every failure is listed, never just the first.
 
 Exit code (:attr:`Verdict.exit_code`, raised by :meth:`Verdict.raise_for_status`):
