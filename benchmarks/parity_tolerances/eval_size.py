@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default=None)
     p.add_argument("--out", type=Path, help="also write the JSON here")
     p.add_argument("--no-wrong", action="store_true", help="skip the perturbed graphs")
+    p.add_argument("--weights", type=int, default=0, help="perturb only N weights, evenly spaced in graph order "
+                   "(0: every MatMul/Gemm weight)")
     p.add_argument("--engines", default="emulated,openvino-cpu",
                    help="emulated (ONNX Runtime FP16 / the exact BF16 emulation on the converted graph) and/or "
                         "openvino-cpu (the FP32 graph compiled at the precision, where this CPU runs it)")
@@ -173,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_wrong:
         fp32 = onnx.load(str(export / graphs["single"]["path"]))
         weights = matmul_weights(fp32)
+        if 0 < args.weights < len(weights):
+            weights = [weights[i] for i in np.linspace(0, len(weights) - 1, args.weights).round().astype(int)]
         with tempfile.TemporaryDirectory() as tmp:
             for precision in ("fp16", "bf16"):
                 for kind, make in (("scale1.05", lambda n: scale_initializer(fp32, n, 1.05)),
