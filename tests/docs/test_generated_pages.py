@@ -2,13 +2,18 @@
 
 Also: the generator documents every schema field, refuses a field without a description, and its
 "stages keyed on it" column agrees with the cache keys (:meth:`toolchain.recipe.Recipe.digest` over
-each stage's ``sections``, as :meth:`toolchain.pipeline.Context.key` hashes them).
+each stage's ``sections``, as :meth:`toolchain.pipeline.Context.key` hashes them); every recipe
+field the hand-written prose of README.md and docs/*.md names (```bench.sequence_length```) exists.
 """
 
 from __future__ import annotations
 
+import re
+import typing
+from typing import Any
+
 import pytest
-from doc_text import DOCS, ROOT, script
+from doc_text import DOC_PAGES, DOCS, ROOT, script
 from pydantic import BaseModel, Field
 
 from toolchain.pipeline import stages
@@ -95,3 +100,28 @@ def test_stages_keyed_on_a_field_are_the_stages_whose_key_it_changes(path):
                if base.digest(*st.sections, "seed") != other.digest(*st.sections, "seed")]
     assert changed, f"changing {path} changed no stage's key: pick another value in CHANGES"
     assert gen.keyed_stages(tuple(path.split(".")), gen.stage_sections()) == changed
+
+
+SECTIONS = tuple(Recipe.model_fields)
+FIELD_MENTION = re.compile(rf"`((?:{'|'.join(SECTIONS)})\.[a-z_][\w.]*)`")
+
+
+def _is_field(path: str) -> bool:
+    """A dotted recipe path (``bench.sequence_length``; below a map field any key, ``data.splits.train``)."""
+    cls: Any = Recipe
+    for part in path.split("."):
+        fields = getattr(cls, "model_fields", None)
+        if fields is None or part not in fields:
+            return False
+        inner, _ = gen._unwrap_optional(fields[part].annotation)
+        if typing.get_origin(inner) is dict:
+            return True
+        cls = inner
+    return True
+
+
+def test_recipe_fields_named_in_the_pages_exist():
+    mentions = [(page.name, m) for page in DOC_PAGES for m in FIELD_MENTION.findall(page.read_text())
+                if not re.search(r"\.(json|md|png|py|yaml|onnx|npz)$", m)]
+    assert len(mentions) > 10
+    assert not [f"{page}: `{m}`" for page, m in mentions if not _is_field(m)]
