@@ -61,6 +61,21 @@ def _variant_precision(name: str) -> tuple[str, str]:
     return base, precision or "fp32"
 
 
+RATIOS = ("hydra/single", "hydra/deep-ensemble")
+
+
+def _runs(kind: str, precision: str) -> bool:
+    """Whether engine ``kind`` runs ``precision`` itself (the registry; a substitute such as the BF16 emulator does
+    not count: the bench never times it)."""
+    from toolchain.engines import engine_kind
+    from toolchain.errors import EngineError
+
+    try:
+        return precision in engine_kind(kind).precisions
+    except EngineError:  # a kind this checkout does not know
+        return False
+
+
 def _stat(stats: dict[str, Any] | None, key: str = "median") -> float | None:
     return None if not stats else stats.get(key)
 
@@ -104,6 +119,13 @@ def collect(art: Path, *, recipe: str, profile: str | None, name: str, lowering:
             rows_per_s = {v: _stat(tput.get(f"{d}{sfx}"), "rows_per_s") for v, d in deployed.items()}
             columns.append({"engine": kind, "precision": p, "ms": ms, "ratios": ratios, "ratio_p10_p90": ratio_spread,
                             "rows_per_s": rows_per_s})
+    have = {(c["engine"], c["precision"]) for c in columns}
+    for kind in engines_order:  # a precision the bench asked for and the kind runs, but nothing was timed: "-"
+        for p in latency.get("settings", {}).get("precisions") or []:
+            if (kind, p) not in have and _runs(kind, p):
+                empty = {v: None for v in deployed}
+                columns.append({"engine": kind, "precision": p, "ms": empty, "ratios": {k: None for k in RATIOS},
+                                "ratio_p10_p90": {k: [None, None] for k in RATIOS}, "rows_per_s": dict(empty)})
     columns.sort(key=lambda c: (engines_order.index(c["engine"]) if c["engine"] in engines_order else 99,
                                 PRECISION_ORDER.index(c["precision"]) if c["precision"] in PRECISION_ORDER else 99))
     skipped = {f"{kind} {what}": why for kind, e in latency.get("engines", {}).items()
@@ -173,6 +195,8 @@ def headline_table(summary: dict[str, Any]) -> str:
                   if lat["machine"].get("processor") else "")
                + f"; evaluate of {summary['stages'].get('evaluate', {}).get('created', '?')}, "
                f"bench of {summary['stages'].get('bench', {}).get('created', '?')}.")
+    if any(value is None for c in cols for value in c["ms"].values()):
+        caption += f" `-`: not timed in this run (the reasons are in `benchmarks/recipes/{summary['name']}.md`)."
     if summary.get("profile"):
         caption += (f" Profile `{summary['profile']}`: a few steps on small splits, numbers that say nothing "
                     "about the recipe's quality or speed.")

@@ -65,7 +65,7 @@ def _artifacts(root):
                       for p in precisions for i, d in enumerate(("single", "deep-ensemble", "hydra-conv"))}
     write("bench/latency.json", {
         "cases": cases, "settings": {"engines": ["onnxrt-cpu", "openvino-cpu"], "sequence_length": 64, "threads": 2,
-                                     "rounds": {"1": 15, "8": 15}},
+                                     "rounds": {"1": 15, "8": 15}, "precisions": ["fp32", "bf16"]},
         "machine": {"processor": "Test CPU", "usable_cores": 2},
         "engines": {"onnxrt-cpu": {"status": "ok", "skipped_variants": {"bf16 graphs": "emulator is for parity"}},
                     "openvino-cpu": {"status": "ok", "skipped_variants": {}}},
@@ -97,6 +97,27 @@ def test_results_script_reads_a_finished_run(tmp_path):
     page = results.markdown(summary)
     assert "| OpenVINO BF16 | 2.00 [1.80, 2.20] | 0.66 [0.59, 0.73] |" in page
     assert "onnxrt-cpu bf16 graphs: emulator is for parity" in page and "| hydra | pass | 2 | 120 | 118 |" in page
+
+
+def test_a_precision_the_bench_asked_for_but_could_not_time_is_a_column_of_dashes(tmp_path):
+    """No OpenVINO BF16 engine built (a CPU without BF16): the column stays, empty; ONNX Runtime gets no BF16 column
+    (it runs no BF16 kernels of its own: the emulator is for parity only)."""
+    _artifacts(tmp_path / "art")
+    path = tmp_path / "art" / "bench" / "latency.json"
+    latency = json.loads(path.read_text())
+    for case in latency["cases"]:
+        case["variants"] = {k: v for k, v in case["variants"].items() if ".bf16" not in k}
+        case["ratios"] = {k: v for k, v in case["ratios"].items() if ".bf16" not in k}
+    latency["engines"]["openvino-cpu"]["skipped_variants"] = {"bf16 engines": "none built here (no BF16 on this CPU)"}
+    path.write_text(json.dumps(latency))
+    summary = results.collect(tmp_path / "art", recipe="recipes/x.yaml", profile=None, name="x", lowering="conv")
+    cols = summary["latency"]["columns"]
+    assert [results.column_title(c) for c in cols] == ["ONNX Runtime FP32", "OpenVINO FP32", "OpenVINO BF16"]
+    assert cols[2]["ms"] == {"single": None, "deep-ensemble": None, "hydra": None}
+    assert "| Hydra (`hydra-conv`) | 0.7200 | 0.5800 | 0.8000 | 0.7000 | 20.00 | 10.00 | - |" in \
+        results.headline_table(summary)
+    page = results.markdown(summary)
+    assert "| OpenVINO BF16 | - | - |" in page and "none built here (no BF16 on this CPU)" in page
 
 
 def test_results_script_writes_its_files_and_the_readme_block(tmp_path):
