@@ -541,7 +541,7 @@ def verify(artifacts_dir: Annotated[Path, typer.Argument(help="artifacts folder 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry: run the app; usage mistakes, the user's machine or paths 2, bugs 4 (README)."""
+    """Console-script entry: run the app; usage mistakes, the user's machine or paths 2, bugs 4 (docs/commands.md)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     interrupts.install()  # SIGTERM: stop at the next safe point (toolchain/interrupts.py)
     args = sys.argv[1:] if argv is None else argv

@@ -3,7 +3,7 @@
 Every error the toolchain raises on bad input derives from :class:`ToolchainError`. The CLI
 prints ``error: <message>`` (no traceback unless ``--debug``) and exits with ``exit_code``.
 
-Exit codes (documented in the README):
+Exit codes (documented in docs/commands.md):
 
 * 0 - success, every check passed
 * 1 - a check failed (parity, lint, verify)

@@ -36,8 +36,8 @@ class ModelSection(_Strict):
     from_config: dict[str, Any] | None = None
     max_length: int = Field(64, ge=4, le=4096, description="text: tokens per sample")
     image_size: int | None = Field(None, ge=4, description="images: side length fed to the model")
-    num_channels: int = Field(1, ge=1, le=4)
-    prompt_template: str = "a photo of a {}"
+    num_channels: int = Field(1, ge=1, le=4, description="images: channels fed to the model")
+    prompt_template: str = Field("a photo of a {}", description="CLIP: the class prompt ({} is the class name)")
 
     @field_validator("family")
     @classmethod
@@ -108,11 +108,11 @@ class DataSection(_Strict):
     """In-distribution and OOD data sets and their split sizes (counts, or fractions)."""
 
     id: str = Field(description="tweets | bbc | fashion-mnist | digits | csv:PATH (text,label; relative to the recipe)")
-    ood: str | None = None
-    splits: dict[str, float] = Field(
-        default_factory=lambda: {"train": 4000, "val": 500, "calib": 128, "test": 1000}
-    )
-    ood_splits: dict[str, float] = Field(default_factory=lambda: {"ood_val": 200, "ood_test": 500})
+    ood: str | None = Field(None, description="far-OOD data set, same forms as id (labels unused); null: none")
+    splits: dict[str, float] = Field(default_factory=lambda: {"train": 4000, "val": 500, "calib": 128, "test": 1000},
+                                     description="ID split sizes: counts, or fractions below 1; disjoint, seeded")
+    ood_splits: dict[str, float] = Field(default_factory=lambda: {"ood_val": 200, "ood_test": 500},
+                                         description="OOD split sizes (ood_val for selection, ood_test for evaluate)")
     near_ood: NearOodSection | None = Field(
         None, description="near-OOD rows held out of the ID data before splitting; no training, scoring or "
         "selection sees them (evaluate's ood.json)")
@@ -129,10 +129,10 @@ class DataSection(_Strict):
 class FinetuneSection(_Strict):
     """Fine-tuning of the base classifier on the in-distribution training split."""
 
-    steps: int = Field(300, ge=0)
-    lr: float = Field(5e-5, gt=0, lt=1)
-    batch_size: int = Field(32, ge=1)
-    weight_decay: float = Field(0.01, ge=0)
+    steps: int = Field(300, ge=0, description="optimiser steps (0: no fine-tuning)")
+    lr: float = Field(5e-5, gt=0, lt=1, description="AdamW learning rate (linear decay)")
+    batch_size: int = Field(32, ge=1, description="rows per step")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     group_by_length: bool = Field(
         True, description="text: batches of similar token length (shuffled groups), far less padding; "
         "also used by recovery fine-tuning")
@@ -181,20 +181,20 @@ CRITERION = Literal["his", "taylor", "entropy", "hies", "l2", "random", "circuit
 class ScoringSection(_Strict):
     """Head-importance criterion and its parameters."""
 
-    criterion: CRITERION = "hies"
+    criterion: CRITERION = Field("hies", description="head-importance criterion (circuit: a masked search)")
     alpha: float = Field(0.5, ge=0, le=1, description="HIES weight of gradient importance")
-    normalize: Literal["global", "layer"] = "global"
-    calib_samples: int = Field(128, ge=1)
-    batch_size: int = Field(16, ge=1)
-    objective: Literal["loss", "nll", "ood_auroc"] = "loss"
+    normalize: Literal["global", "layer"] = Field("global", description="min-max over all heads or per layer")
+    calib_samples: int = Field(128, ge=1, description="calibration rows the scores are computed on")
+    batch_size: int = Field(16, ge=1, description="rows per scoring batch")
+    objective: Literal["loss", "nll", "ood_auroc"] = Field("loss", description="circuit: what the search keeps")
 
 
 class RecoverySection(_Strict):
     """Optional recovery fine-tuning of each pruned member."""
 
-    steps: int = Field(0, ge=0)
-    lr: float = Field(5e-5, gt=0, lt=1)
-    batch_size: int = Field(32, ge=1)
+    steps: int = Field(0, ge=0, description="fine-tuning steps per pruned member (0: no recovery)")
+    lr: float = Field(5e-5, gt=0, lt=1, description="learning rate of the recovery fine-tune")
+    batch_size: int = Field(32, ge=1, description="rows per recovery step")
     #: train each member on its own bootstrap resample of the training split (seeded per member)
     bootstrap: bool = False
     distill: float = Field(0.0, ge=0, le=1, description="weight of a teacher term: KL to the fine-tuned (unpruned) "
@@ -207,8 +207,7 @@ class PruningSection(_Strict):
 
     members: int = Field(3, ge=1, le=16, description="M")
     strategy: Literal["bootstrap", "seeds", "ratios", "circuit-samples", "partition", "sampled", "mixed-criteria"] = (
-        "bootstrap"
-    )
+        Field("bootstrap", description="how the M members differ (docs/recipes.md, member strategies)"))
     #: partition: heads per layer every member shares (its best ``core``); the rest are dealt out disjointly
     core: int = Field(0, ge=0)
     #: sampled: Gumbel-top-k temperature (0 = deterministic top-k, .inf = uniform random)
@@ -217,8 +216,8 @@ class PruningSection(_Strict):
     criteria: list[CRITERION] | None = None
     ratio: float | None = Field(0.5, ge=0, lt=1, description="fraction of heads pruned")
     budget: int | None = Field(None, ge=1, description="heads kept per member (instead of ratio)")
-    scope: Literal["global", "layer"] = "global"
-    min_heads_per_layer: int = Field(1, ge=1)
+    scope: Literal["global", "layer"] = Field("global", description="rank heads over the model or within each layer")
+    min_heads_per_layer: int = Field(1, ge=1, description="heads every layer keeps at least")
     recovery: RecoverySection = RecoverySection()
 
     @model_validator(mode="after")
@@ -242,17 +241,17 @@ class PruningSection(_Strict):
 class FusionSection(_Strict):
     """How members become one Hydra model."""
 
-    mlp: Literal["average", "grouped"] = "average"
-    layernorm: Literal["grouped", "average"] = "grouped"
-    lowering: Literal["conv", "matmul"] = "conv"
+    mlp: Literal["average", "grouped"] = Field("average", description="one MLP on every stream, or one per member")
+    layernorm: Literal["grouped", "average"] = Field("grouped", description="per-member affine or averaged")
+    lowering: Literal["conv", "matmul"] = Field("conv", description="grouped FC as grouped Conv or batched MatMul")
 
 
 class Range(_Strict):
     """A dynamic dimension's min / opt / max (the TensorRT optimisation profile too)."""
 
-    min: int = Field(1, ge=1)
-    opt: int = Field(8, ge=1)
-    max: int = Field(32, ge=1)
+    min: int = Field(1, ge=1, description="smallest size")
+    opt: int = Field(8, ge=1, description="size the engine is tuned for")
+    max: int = Field(32, ge=1, description="largest size")
 
     @model_validator(mode="after")
     def _ordered(self) -> Range:
@@ -264,22 +263,22 @@ class Range(_Strict):
 class ExportSection(_Strict):
     """ONNX export settings."""
 
-    opset: int = Field(17, ge=13, le=23)
-    lowerings: list[Literal["conv", "matmul"]] = ["conv", "matmul"]
-    precisions: list[Literal["fp32", "fp16", "bf16"]] = ["fp32", "fp16", "bf16"]
-    batch: Range = Range(min=1, opt=8, max=32)
-    sequence: Range = Range(min=8, opt=64, max=128)
+    opset: int = Field(17, ge=13, le=23, description="ONNX opset")
+    lowerings: list[Literal["conv", "matmul"]] = Field(["conv", "matmul"], description="Hydra graphs exported")
+    precisions: list[Literal["fp32", "fp16", "bf16"]] = Field(["fp32", "fp16", "bf16"], description="graph precisions")
+    batch: Range = Field(Range(min=1, opt=8, max=32), description="batch sizes: dynamic axis, checks, engine profile")
+    sequence: Range = Field(Range(min=8, opt=64, max=128), description="sequence lengths (text), as batch")
 
 
 class BenchSection(_Strict):
     """Latency measurement settings."""
 
-    batch_sizes: list[int] = [1, 8]
+    batch_sizes: list[int] = Field([1, 8], description="batch sizes of the generated feeds")
     #: tokens per generated text sample; None: the recipe's model.max_length (the length users run)
     sequence_length: int | None = Field(None, ge=1)
-    threads: int = Field(2, ge=1)
-    warmup: int = Field(3, ge=0)
-    rounds: int = Field(15, ge=1)
+    threads: int = Field(2, ge=1, description="intra-op threads per session")
+    warmup: int = Field(3, ge=0, description="untimed passes per case")
+    rounds: int = Field(15, ge=1, description="timed interleaved rounds per case")
     #: precisions timed: each engine kind runs those it runs for real (ONNX Runtime CPU: fp32, fp16; OpenVINO: the
     #: engines it built, bf16/fp16 where the CPU has them); an emulator stands in for parity only, never here
     precisions: list[Literal["fp32", "fp16", "bf16"]] = ["fp32"]
@@ -306,17 +305,17 @@ class CompareEntry(_Strict):
     exported); their stages are cached under ``artifacts/<name>/variants/<variant>/``.
     """
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    scoring: dict[str, Any] = Field(default_factory=dict)
-    pruning: dict[str, Any] = Field(default_factory=dict)
-    fusion: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="the report row hydra-<name>")
+    scoring: dict[str, Any] = Field(default_factory=dict, description="partial scoring section over the recipe's")
+    pruning: dict[str, Any] = Field(default_factory=dict, description="partial pruning section over the recipe's")
+    fusion: dict[str, Any] = Field(default_factory=dict, description="partial fusion section over the recipe's")
 
 
 class Recipe(_Strict):
     """A whole recipe. ``name`` names the artifacts folder ``artifacts/<name>/``."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    seed: int = 0
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="names the folder artifacts/<name>/")
+    seed: int = Field(0, description="seed of splits, training, scoring and sampling")
     model: ModelSection
     data: DataSection
     finetune: FinetuneSection = FinetuneSection()
@@ -330,7 +329,7 @@ class Recipe(_Strict):
     bench: BenchSection = BenchSection()
     parity: ParitySection = ParitySection()
     shift: ShiftSection = ShiftSection()
-    artifacts_dir: str = "artifacts"
+    artifacts_dir: str = Field("artifacts", description="where artifacts/<name>/ goes (relative: to the recipe)")
     #: more Hydra variants to evaluate side by side in the report (e.g. other criteria or strategies)
     compare: list[CompareEntry] = Field(default_factory=list)
 

@@ -1,4 +1,4 @@
-"""Latency and size: single model vs deep ensemble vs Hydra (the README's latency tables).
+"""Latency and size: single model vs deep ensemble vs Hydra (docs/results.md's latency tables).
 
 Two models (``--model minilm|vit|both``, default both), M = 3 members each, averaged MLP,
 grouped LayerNorm, ONNX Runtime CPU FP32, 2 intra-op threads (spinning off), batch 1 and 8,

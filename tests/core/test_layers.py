@@ -1,4 +1,4 @@
-"""The package's layers (README, Architecture) held by import-linter's contracts in pyproject.toml."""
+"""The package's layers (docs/architecture.md, Layers) held by import-linter's contracts in pyproject.toml."""
 
 from __future__ import annotations
 

@@ -146,12 +146,19 @@ def test_rescue_of_an_fp16_graph_that_overflows(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
 
 
+def _python_api_example() -> str:
+    """The code block marked ``<!-- python-api-example -->``, wherever it is (README.md or docs/*.md)."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text()
+        if "<!-- python-api-example -->" in text:
+            begin = text.index("```python", text.index("<!-- python-api-example -->")) + len("```python")
+            return text[begin:text.index("```", begin)]
+    raise AssertionError("no code block marked <!-- python-api-example --> in README.md or docs/*.md")
+
+
 def test_the_python_api_example_of_the_readme_runs(files, tmp_path):
-    """The README's Python API block, run as written against this test's folders."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index("<!-- python-api-example -->")
-    begin = text.index("```python", start) + len("```python")
-    block = text[begin:text.index("```", begin)]
+    """The docs' Python API block (docs/commands.md), run as written against this test's folders."""
+    block = _python_api_example()
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     (tmp_path / "hydra").symlink_to(files["hydra"])
     (tmp_path / "test.csv").symlink_to(files["data"])
