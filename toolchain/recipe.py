@@ -286,6 +286,9 @@ class BenchSection(_Strict):
     rows_batch: int = Field(32, ge=0)
     #: interleaved passes over the test split
     rows_rounds: int = Field(3, ge=1)
+    #: test-split rows per pass, evenly spaced over the split (rows/s is a rate: a few hundred rows measure it;
+    #: every variant, deep ensemble included, runs warm-up + rows_rounds passes); 0: the whole split
+    rows: int = Field(256, ge=0)
 
 
 class ParitySection(_Strict):

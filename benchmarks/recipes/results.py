@@ -13,7 +13,7 @@ Reads ``artifacts/<name>/`` of a recipe that ``hydra-toolchain run RECIPE`` fini
 Writes ``<out>/<name>.json`` (every number, full precision) and ``<out>/<name>.md`` (the headline
 table, the ratios, rows/s and parity), default ``<out>``: this folder. ``--readme FILE`` also rewrites
 the block between ``<!-- headline:<name> -->`` and ``<!-- /headline -->`` in FILE with the headline
-table (tests/docs/test_headline.py checks README.md against the committed JSON).
+and ratio tables (tests/docs/test_headline.py checks README.md against the committed JSON).
 
     python benchmarks/recipes/results.py --recipe recipes/minilm-tweets.yaml --readme README.md
 """
@@ -205,11 +205,10 @@ def headline_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n\n" + caption
 
 
-def markdown(summary: dict[str, Any]) -> str:
-    """The whole page: the headline, ratios, rows/s, what was not timed, the parity verdict."""
+def ratio_table(summary: dict[str, Any]) -> str:
+    """Hydra / single and Hydra / deep ensemble per engine column (median of per-round ratios, p10-p90)."""
     lat = summary["latency"]
-    out = [f"# {summary['name']}: headline results", "", headline_table(summary), "",
-           f"## Hydra's latency as a ratio (batch {lat['batch']}, median of per-round ratios, p10-p90)", "",
+    out = [f"Hydra's latency as a ratio (batch {lat['batch']}, median of per-round ratios, [p10, p90]):", "",
            "| engine | Hydra / single | Hydra / deep ensemble |", "|---|---:|---:|"]
     for c in lat["columns"]:
         cells = []
@@ -217,6 +216,19 @@ def markdown(summary: dict[str, Any]) -> str:
             lo, hi = c["ratio_p10_p90"][key]
             cells.append("-" if c["ratios"][key] is None else f"{c['ratios'][key]:.2f} [{_f(lo, 2)}, {_f(hi, 2)}]")
         out.append(f"| {column_title(c)} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def readme_block(summary: dict[str, Any]) -> str:
+    """What the README's ``<!-- headline:<name> -->`` block holds: the headline and the ratio table."""
+    return headline_table(summary) + "\n\n" + ratio_table(summary)
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The whole page: the headline, ratios, rows/s, what was not timed, the parity verdict."""
+    lat = summary["latency"]
+    out = [f"# {summary['name']}: headline results", "", headline_table(summary), "", "## Ratios", "",
+           ratio_table(summary)]
     out += ["", f"## Rows per second on the test split ({lat['rows']} rows in token-length batches of "
             f"{lat['rows_batch']}, median of {lat['rows_rounds']} pass(es))", "",
             "| engine | " + " | ".join(LABELS[v] for v in summary["metrics"]) + " |",
@@ -283,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{name}.md").write_text(markdown(summary))
     print(f"wrote {args.out / (name + '.json')} and {name}.md")
     if args.readme is not None:
-        args.readme.write_text(replace_block(args.readme.read_text(), name, headline_table(summary)))
+        args.readme.write_text(replace_block(args.readme.read_text(), name, readme_block(summary)))
         print(f"rewrote the headline:{name} block of {args.readme}")
     return 0
 

@@ -23,7 +23,7 @@ REGENERATE = ("python benchmarks/recipes/results.py --recipe recipes/minilm-twee
 def test_readme_headline_is_the_scripts_table_of_the_committed_json():
     summary = json.loads(SUMMARY.read_text())
     assert summary["schema"] == results.SCHEMA and summary["name"] == "minilm-tweets"
-    assert results.read_block(README.read_text(), "minilm-tweets") == results.headline_table(summary), \
+    assert results.read_block(README.read_text(), "minilm-tweets") == results.readme_block(summary), \
         f"README.md's headline differs from {SUMMARY.relative_to(ROOT)}: run {REGENERATE}"
 
 
@@ -132,4 +132,5 @@ def test_results_script_writes_its_files_and_the_readme_block(tmp_path):
     assert (tmp_path / "out" / "minilm-tweets.md").read_text() == results.markdown(summary)
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("<!-- /headline -->\nafter\n") and "old table" not in text
-    assert results.read_block(text, "minilm-tweets") == results.headline_table(summary)
+    assert results.read_block(text, "minilm-tweets") == results.readme_block(summary)
+    assert "| engine | Hydra / single | Hydra / deep ensemble |" in results.readme_block(summary)

@@ -133,13 +133,14 @@ class RankResolution:
 
     def reason(self, limit: float) -> str:
         """One sentence for the verdict."""
-        where = (f"(score resolution {self.score_delta:.3g}, reference scores spread {self.score_spread:.3g}) on "
-                 f"{self.n_positive} positive / {self.n_negative} negative samples (metric step {self.step:.3g})")
+        # one console line (the numbers behind it are in to_dict(): report.json)
+        where = (f"(resolution {self.score_delta:.3g}, spread {self.score_spread:.3g}; "
+                 f"{self.n_positive} pos/{self.n_negative} neg, step {self.step:.3g})")
         if not self.resolvable(limit):
-            return (f"flat reference scores, each within rounding of every other {where}: rounding at "
-                    f"{self.precision} alone can move it by up to {self.worst_case:.4g} > allowed {limit:.4g}")
-        return (f"rounding at {self.precision} {where} moves it by up to {self.bound:.4g} (the {QUANTILE:g} "
-                f"quantile of {self.draws} random draws; worst case {self.worst_case:.4g})")
+            return (f"flat reference scores {where}: {self.precision} rounding alone can move it by "
+                    f"{self.worst_case:.4g} > {limit:.4g}")
+        return (f"{self.precision} rounding {where} moves it by up to {self.bound:.4g} (q{QUANTILE:g} of "
+                f"{self.draws} draws; worst case {self.worst_case:.4g})")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""

@@ -17,7 +17,7 @@ def bench_stage(ctx: Context, work: Path) -> dict[str, Any]:
 
     Generated feeds at the recipe's batch sizes and ``model.max_length`` tokens (the length users
     run; ``bench.sequence_length`` overrides it), then, with ``bench.rows_batch``, whole passes over
-    the test split's real rows in token-length batches: rows per second per engine. Every kind's
+    ``bench.rows`` of the test split's real rows in token-length batches: rows per second per engine. Every kind's
     variants (ONNX Runtime FP32, OpenVINO FP32 and BF16 ...) are timed in one interleaved run.
     """
     from toolchain.bench import run_bench
@@ -32,7 +32,7 @@ def bench_stage(ctx: Context, work: Path) -> dict[str, Any]:
         names = list(read_json(ctx.stage_dir("export") / "graphs.json")["single"]["inputs"])
         tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")[2]
         size = min(b.rows_batch, ctx.recipe.export.batch.max)  # engines built for the profile take no more
-        real = [feed for feed, _ in split_feeds(ctx, "test", names, tok, size)]
+        real = [feed for feed, _ in split_feeds(ctx, "test", names, tok, size, rows=b.rows)]
     result = run_bench(ctx.stage_dir("export"), batch_sizes=b.batch_sizes,
                        sequence_length=b.sequence_length or ctx.recipe.model.max_length, threads=b.threads,
                        warmup=b.warmup, rounds=b.rounds, engines=engines, out_dir=work, progress=ctx.progress,

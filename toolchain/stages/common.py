@@ -244,13 +244,17 @@ def runner_input_specs(ctx: Context, names: list[str]) -> dict[str, tuple]:
 
 
 def split_feeds(ctx: Context, split: str, names: list[str], tokenizer: Any,
-                batch_size: int) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
+                batch_size: int, rows: int = 0) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
     """``(feed, labels)`` batches of a data split in token-length order (little padding), as numpy arrays.
 
     What the engines are gated (parity) and timed (the bench's rows per second) on: the split's
-    real rows, ``names`` the graph's inputs.
+    real rows, ``names`` the graph's inputs. ``rows`` > 0: that many rows evenly spaced over the
+    split (its length mix whatever order it is in), all of them when the split has no more.
     """
-    ordered = ctx.in_length_order(ctx.data[split], tokenizer)[0]
+    part = ctx.data[split]
+    if 0 < rows < len(part):
+        part = part.subset(np.unique(np.linspace(0, len(part) - 1, rows).round().astype(int)))
+    ordered = ctx.in_length_order(part, tokenizer)[0]
     return [({k: v.numpy() for k, v in b.items() if k in names}, y.numpy())
             for b, y in ctx.batches(ordered, batch_size, tokenizer)]
 
