@@ -44,7 +44,7 @@ from toolchain.artifacts import (
     scratch_folder,
     write_digest_cache,
 )
-from toolchain.errors import ArtifactError, DataError, RecipeError, ToolchainError, environment_error
+from toolchain.errors import ArtifactError, RecipeError, ToolchainError, environment_error
 from toolchain.recipe import Recipe
 
 
@@ -109,11 +109,6 @@ def run_order(registry: dict[str, Stage]) -> list[str]:
     return done
 
 
-def _split_sizes(sizes: dict[str, float]) -> dict[str, int | float]:
-    """Recipe sizes: whole numbers >= 1 are counts, values below 1 are fractions."""
-    return {k: int(v) if v >= 1 and float(v).is_integer() else float(v) for k, v in sizes.items()}
-
-
 @dataclass
 class Context:
     """What every stage sees: the recipe, the artifacts root, the console, the forced stages."""
@@ -151,64 +146,11 @@ class Context:
     # ------------------------------------------------------------------ data
     @cached_property
     def data(self) -> dict[str, Any]:
-        """Deterministic splits: train/val/calib/test (ID) and ood_val/ood_test (OOD)."""
-        r = self.recipe
-        ident, splits = self.carve("id")
-        for name, part in splits.items():
-            if len(part) == 0:
-                raise DataError(f"split '{name}' of data set '{r.data.id}' is empty (data.splits.{name}).")
-        if r.data.ood:  # OOD rows that are also ID rows: dropped (a few) or refused (toolchain/data/overlap.py)
-            from toolchain.data.overlap import drop_id_rows
+        """The recipe's splits, loaded once (:func:`toolchain.data.batching.recipe_splits`)."""
+        from toolchain.data.batching import recipe_splits
 
-            splits.update(drop_id_rows(ident, self.carve("ood")[1], id_name=r.data.id, ood_name=r.data.ood,
-                                       warn=lambda m: self.console.print(f"warning: {m}", highlight=False,
-                                                                         markup=False)))
-        if r.data.near_ood is not None:  # rows held out of the ID set before it was split: evaluate only
-            held = self.near_ood_rows()
-            pick = np.random.default_rng(r.seed + 2).permutation(len(held))[: r.data.near_ood.rows]
-            splits["near_ood_test"] = held.subset(np.sort(pick), name=f"{held.name.split('/')[0]}/near_ood_test")
-        return splits
-
-    def near_ood_rows(self) -> Any:
-        """Every ID row that ``data.near_ood`` holds out (:func:`toolchain.data.near_ood.hold_out`)."""
-        from toolchain.data import load_dataset
-        from toolchain.data.near_ood import hold_out
-
-        r, near = self.recipe, self.recipe.data.near_ood
-        if near is None:
-            raise DataError("the recipe has no data.near_ood section")
-        data = load_dataset(r.data.id, **self._dataset_kwargs(r.data.id))
-        return hold_out(data, classes=near.classes, match=near.match)[1]
-
-    def carve(self, which: str, more: dict[str, int | None] | None = None) -> tuple[Any, dict[str, Any]]:
-        """``(data set, splits)`` of the recipe's ``"id"`` or ``"ood"`` data, with the recipe's sizes and seed.
-
-        ``more`` carves further splits after the recipe's, from the rows they leave (at most the
-        given count; None: every row left). The recipe's splits come out unchanged: the splitter
-        carves in order from one seeded ordering (:func:`toolchain.data.split_indices`).
-        """
-        from toolchain.data import load_dataset, make_splits
-        from toolchain.data.splits import _resolve_sizes
-
-        r = self.recipe
-        ood = which == "ood"
-        name, sizes = (r.data.ood, r.data.ood_splits) if ood else (r.data.id, r.data.splits)
-        data = load_dataset(name, **self._dataset_kwargs(name, ood=ood))
-        if not ood and r.data.near_ood is not None:  # the near-OOD rows never reach an ID split
-            from toolchain.data.near_ood import hold_out
-
-            data = hold_out(data, classes=r.data.near_ood.classes, match=r.data.near_ood.match)[0]
-        sizes = _split_sizes(sizes)
-        if more:
-            left = len(data) - sum(_resolve_sizes(sizes, len(data), data.name).values())
-            for split, most in more.items():
-                count = left if most is None else min(most, left)
-                if count < 1:
-                    raise DataError(f"data set '{name}': no rows left for split '{split}' after the recipe's splits")
-                sizes[split] = count
-                left -= count
-        checks = {"class_checked": ()} if ood else {}  # OOD labels are not used
-        return data, make_splits(data, sizes, seed=r.seed + 1 if ood else r.seed, **checks)
+        return recipe_splits(self.recipe.data, self.recipe.seed, warn=lambda m: self.console.print(
+            f"warning: {m}", highlight=False, markup=False))
 
     @cached_property
     def _model_source(self) -> str | None:
@@ -231,17 +173,12 @@ class Context:
 
         return tuple(source_digest(n) if n else None for n in (self.recipe.data.id, self.recipe.data.ood))
 
-    def _dataset_kwargs(self, name: str, ood: bool = False) -> dict[str, Any]:
-        if ood and name.startswith("csv:"):
-            return {"min_classes": 1}  # OOD labels are not used
-        if name == "fashion-mnist":
-            return {"split": "train"}
-        return {}
-
     @property
     def class_names(self) -> list[str]:
-        """In-distribution class names."""
-        return list(self.data["train"].class_names)
+        """In-distribution class names (:func:`toolchain.data.batching.class_names`)."""
+        from toolchain.data.batching import class_names
+
+        return class_names(self.data)
 
     def batches(self, part: Any, batch_size: int, tokenizer: Any = None, *, seed: int | None = None,
                 group_by_length: bool = False):
