@@ -72,10 +72,6 @@ STAGES: dict[str, Stage] = {}
 #: where the stages live; imported on first use (plugin discovery: this module imports no stage)
 STAGE_PACKAGE = "toolchain.stages"
 
-#: batches per length group when training batches are grouped by token length (Context.batches)
-LENGTH_GROUP = 50
-
-
 def stage(name: str, sections: tuple[str, ...], upstream: tuple[str, ...], summary: str, version: int = 1,
           distributed: bool = False, after: Callable[[Context], None] | None = None):
     """Register a stage function under ``name`` (see :class:`Stage` for the fields)."""
@@ -179,66 +175,6 @@ class Context:
         from toolchain.data.batching import class_names
 
         return class_names(self.data)
-
-    def batches(self, part: Any, batch_size: int, tokenizer: Any = None, *, seed: int | None = None,
-                group_by_length: bool = False):
-        """Yield ``(inputs, labels)`` over a split; shuffled by ``seed`` when given.
-
-        ``group_by_length`` (with ``seed``, text only): batches of similar token length, so that
-        little of each batch is padding (the tweets: mean 33 tokens, padded to a batch mean of 57
-        without it). The shuffled rows are cut into groups of :data:`LENGTH_GROUP` batches, each
-        group is sorted by length and cut into batches, and the batch order is shuffled (Hugging
-        Face's ``group_by_length`` sampler, plus the batch shuffle).
-        """
-        order = np.arange(len(part))
-        if seed is not None:
-            rng = np.random.default_rng(seed)
-            order = rng.permutation(len(part))
-            lengths = self.token_lengths(part, tokenizer) if group_by_length else None
-            if lengths is not None:
-                chunks = []
-                for g in range(0, len(order), LENGTH_GROUP * batch_size):
-                    group = order[g : g + LENGTH_GROUP * batch_size]
-                    group = group[np.argsort(-lengths[group], kind="stable")]
-                    chunks += [group[i : i + batch_size] for i in range(0, len(group), batch_size)]
-                order = np.concatenate([chunks[i] for i in rng.permutation(len(chunks))])
-        for start in range(0, len(part), batch_size):
-            interrupts.check()  # a graceful SIGTERM stops between batches
-            sub = part.subset(order[start : start + batch_size])
-            yield self.encode(sub, tokenizer), torch.as_tensor(sub.labels, dtype=torch.long)
-
-    def token_lengths(self, part: Any, tokenizer: Any) -> np.ndarray | None:
-        """Tokens per row of a text split (truncated to ``model.max_length``); None for images."""
-        texts = getattr(part, "texts", None)
-        if texts is None or tokenizer is None or len(texts) == 0:
-            return None
-        ids = tokenizer(list(texts), truncation=True, max_length=self.recipe.model.max_length)["input_ids"]
-        return np.asarray([len(x) for x in ids])
-
-    def length_order(self, part: Any, tokenizer: Any) -> np.ndarray | None:
-        """Row order by token length (stable), for inference with little padding; None for images.
-
-        Outputs computed in this order go back with ``out[np.argsort(order)]``; a row's outputs do
-        not depend on the other rows of its batch beyond float rounding (the padding is masked).
-        """
-        lengths = self.token_lengths(part, tokenizer)
-        return None if lengths is None else np.argsort(lengths, kind="stable")
-
-    def in_length_order(self, part: Any, tokenizer: Any) -> tuple[Any, np.ndarray | None]:
-        """``(part sorted by token length, back)``: ``outputs[back]`` restores the split's order.
-
-        ``back`` is None where there is nothing to sort (images): the part is returned as is.
-        """
-        order = self.length_order(part, tokenizer)
-        return (part, None) if order is None else (part.subset(order), np.argsort(order))
-
-    def encode(self, part: Any, tokenizer: Any = None) -> dict[str, torch.Tensor]:
-        """Model inputs for a data split (text: tokenised to ``model.max_length``)."""
-        from toolchain.data import encode
-
-        m = self.recipe.model
-        return encode(part, tokenizer=tokenizer, max_length=m.max_length, padding="longest",
-                      image_size=m.image_size, num_channels=m.num_channels)
 
 
 def run_pipeline(ctx: Context, until: str | None = None, only: list[str] | None = None) -> dict[str, str]:
