@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from toolchain.data import batching
 from toolchain.models import ModelAdapter
 from toolchain.pipeline import Context
 
@@ -18,8 +19,9 @@ from toolchain.pipeline import Context
 def predict(ctx: Context, adapter: ModelAdapter, split: str, tokenizer: Any, batch_size: int = 64) -> torch.Tensor:
     """Logits ``[N, C]`` of ``adapter``'s model on a split."""
     adapter.model.eval()
-    part, back = ctx.in_length_order(ctx.data[split], tokenizer)  # short rows together: less padding
-    logits = torch.cat([adapter.logits(b) for b, _ in ctx.batches(part, batch_size, tokenizer)])
+    m = ctx.recipe.model
+    part, back = batching.in_length_order(ctx.data[split], tokenizer, m.max_length)  # short rows together
+    logits = torch.cat([adapter.logits(b) for b, _ in batching.batches(part, batch_size, tokenizer, m)])
     return logits if back is None else logits[torch.as_tensor(back)]
 
 
@@ -36,8 +38,10 @@ def module_outputs(ctx: Context, module: torch.nn.Module, split: str | Any, tok:
     """Run a dict-output module over a split (a name, or a data subset); concatenate each output."""
     module.eval()
     outs: dict[str, list] = {}
-    part, back = ctx.in_length_order(ctx.data[split] if isinstance(split, str) else split, tok)  # less padding
-    for batch, _ in ctx.batches(part, batch_size, tok):
+    m = ctx.recipe.model
+    rows = ctx.data[split] if isinstance(split, str) else split
+    part, back = batching.in_length_order(rows, tok, m.max_length)  # less padding
+    for batch, _ in batching.batches(part, batch_size, tok, m):
         res = module(**{k: v for k, v in batch.items() if k in names})
         for k, v in res.items():
             outs.setdefault(k, []).append(v.float().numpy())

@@ -44,7 +44,7 @@ from toolchain.artifacts import (
     scratch_folder,
     write_digest_cache,
 )
-from toolchain.errors import ArtifactError, DataError, RecipeError, ToolchainError, environment_error
+from toolchain.errors import ArtifactError, RecipeError, ToolchainError, environment_error
 from toolchain.recipe import Recipe
 
 
@@ -71,10 +71,6 @@ STAGES: dict[str, Stage] = {}
 
 #: where the stages live; imported on first use (plugin discovery: this module imports no stage)
 STAGE_PACKAGE = "toolchain.stages"
-
-#: batches per length group when training batches are grouped by token length (Context.batches)
-LENGTH_GROUP = 50
-
 
 def stage(name: str, sections: tuple[str, ...], upstream: tuple[str, ...], summary: str, version: int = 1,
           distributed: bool = False, after: Callable[[Context], None] | None = None):
@@ -107,11 +103,6 @@ def run_order(registry: dict[str, Stage]) -> list[str]:
         done.append(ready)
         left.remove(ready)
     return done
-
-
-def _split_sizes(sizes: dict[str, float]) -> dict[str, int | float]:
-    """Recipe sizes: whole numbers >= 1 are counts, values below 1 are fractions."""
-    return {k: int(v) if v >= 1 and float(v).is_integer() else float(v) for k, v in sizes.items()}
 
 
 @dataclass
@@ -151,64 +142,11 @@ class Context:
     # ------------------------------------------------------------------ data
     @cached_property
     def data(self) -> dict[str, Any]:
-        """Deterministic splits: train/val/calib/test (ID) and ood_val/ood_test (OOD)."""
-        r = self.recipe
-        ident, splits = self.carve("id")
-        for name, part in splits.items():
-            if len(part) == 0:
-                raise DataError(f"split '{name}' of data set '{r.data.id}' is empty (data.splits.{name}).")
-        if r.data.ood:  # OOD rows that are also ID rows: dropped (a few) or refused (toolchain/data/overlap.py)
-            from toolchain.data.overlap import drop_id_rows
+        """The recipe's splits, loaded once (:func:`toolchain.data.batching.recipe_splits`)."""
+        from toolchain.data.batching import recipe_splits
 
-            splits.update(drop_id_rows(ident, self.carve("ood")[1], id_name=r.data.id, ood_name=r.data.ood,
-                                       warn=lambda m: self.console.print(f"warning: {m}", highlight=False,
-                                                                         markup=False)))
-        if r.data.near_ood is not None:  # rows held out of the ID set before it was split: evaluate only
-            held = self.near_ood_rows()
-            pick = np.random.default_rng(r.seed + 2).permutation(len(held))[: r.data.near_ood.rows]
-            splits["near_ood_test"] = held.subset(np.sort(pick), name=f"{held.name.split('/')[0]}/near_ood_test")
-        return splits
-
-    def near_ood_rows(self) -> Any:
-        """Every ID row that ``data.near_ood`` holds out (:func:`toolchain.data.near_ood.hold_out`)."""
-        from toolchain.data import load_dataset
-        from toolchain.data.near_ood import hold_out
-
-        r, near = self.recipe, self.recipe.data.near_ood
-        if near is None:
-            raise DataError("the recipe has no data.near_ood section")
-        data = load_dataset(r.data.id, **self._dataset_kwargs(r.data.id))
-        return hold_out(data, classes=near.classes, match=near.match)[1]
-
-    def carve(self, which: str, more: dict[str, int | None] | None = None) -> tuple[Any, dict[str, Any]]:
-        """``(data set, splits)`` of the recipe's ``"id"`` or ``"ood"`` data, with the recipe's sizes and seed.
-
-        ``more`` carves further splits after the recipe's, from the rows they leave (at most the
-        given count; None: every row left). The recipe's splits come out unchanged: the splitter
-        carves in order from one seeded ordering (:func:`toolchain.data.split_indices`).
-        """
-        from toolchain.data import load_dataset, make_splits
-        from toolchain.data.splits import _resolve_sizes
-
-        r = self.recipe
-        ood = which == "ood"
-        name, sizes = (r.data.ood, r.data.ood_splits) if ood else (r.data.id, r.data.splits)
-        data = load_dataset(name, **self._dataset_kwargs(name, ood=ood))
-        if not ood and r.data.near_ood is not None:  # the near-OOD rows never reach an ID split
-            from toolchain.data.near_ood import hold_out
-
-            data = hold_out(data, classes=r.data.near_ood.classes, match=r.data.near_ood.match)[0]
-        sizes = _split_sizes(sizes)
-        if more:
-            left = len(data) - sum(_resolve_sizes(sizes, len(data), data.name).values())
-            for split, most in more.items():
-                count = left if most is None else min(most, left)
-                if count < 1:
-                    raise DataError(f"data set '{name}': no rows left for split '{split}' after the recipe's splits")
-                sizes[split] = count
-                left -= count
-        checks = {"class_checked": ()} if ood else {}  # OOD labels are not used
-        return data, make_splits(data, sizes, seed=r.seed + 1 if ood else r.seed, **checks)
+        return recipe_splits(self.recipe.data, self.recipe.seed, warn=lambda m: self.console.print(
+            f"warning: {m}", highlight=False, markup=False))
 
     @cached_property
     def _model_source(self) -> str | None:
@@ -231,77 +169,12 @@ class Context:
 
         return tuple(source_digest(n) if n else None for n in (self.recipe.data.id, self.recipe.data.ood))
 
-    def _dataset_kwargs(self, name: str, ood: bool = False) -> dict[str, Any]:
-        if ood and name.startswith("csv:"):
-            return {"min_classes": 1}  # OOD labels are not used
-        if name == "fashion-mnist":
-            return {"split": "train"}
-        return {}
-
     @property
     def class_names(self) -> list[str]:
-        """In-distribution class names."""
-        return list(self.data["train"].class_names)
+        """In-distribution class names (:func:`toolchain.data.batching.class_names`)."""
+        from toolchain.data.batching import class_names
 
-    def batches(self, part: Any, batch_size: int, tokenizer: Any = None, *, seed: int | None = None,
-                group_by_length: bool = False):
-        """Yield ``(inputs, labels)`` over a split; shuffled by ``seed`` when given.
-
-        ``group_by_length`` (with ``seed``, text only): batches of similar token length, so that
-        little of each batch is padding (the tweets: mean 33 tokens, padded to a batch mean of 57
-        without it). The shuffled rows are cut into groups of :data:`LENGTH_GROUP` batches, each
-        group is sorted by length and cut into batches, and the batch order is shuffled (Hugging
-        Face's ``group_by_length`` sampler, plus the batch shuffle).
-        """
-        order = np.arange(len(part))
-        if seed is not None:
-            rng = np.random.default_rng(seed)
-            order = rng.permutation(len(part))
-            lengths = self.token_lengths(part, tokenizer) if group_by_length else None
-            if lengths is not None:
-                chunks = []
-                for g in range(0, len(order), LENGTH_GROUP * batch_size):
-                    group = order[g : g + LENGTH_GROUP * batch_size]
-                    group = group[np.argsort(-lengths[group], kind="stable")]
-                    chunks += [group[i : i + batch_size] for i in range(0, len(group), batch_size)]
-                order = np.concatenate([chunks[i] for i in rng.permutation(len(chunks))])
-        for start in range(0, len(part), batch_size):
-            interrupts.check()  # a graceful SIGTERM stops between batches
-            sub = part.subset(order[start : start + batch_size])
-            yield self.encode(sub, tokenizer), torch.as_tensor(sub.labels, dtype=torch.long)
-
-    def token_lengths(self, part: Any, tokenizer: Any) -> np.ndarray | None:
-        """Tokens per row of a text split (truncated to ``model.max_length``); None for images."""
-        texts = getattr(part, "texts", None)
-        if texts is None or tokenizer is None or len(texts) == 0:
-            return None
-        ids = tokenizer(list(texts), truncation=True, max_length=self.recipe.model.max_length)["input_ids"]
-        return np.asarray([len(x) for x in ids])
-
-    def length_order(self, part: Any, tokenizer: Any) -> np.ndarray | None:
-        """Row order by token length (stable), for inference with little padding; None for images.
-
-        Outputs computed in this order go back with ``out[np.argsort(order)]``; a row's outputs do
-        not depend on the other rows of its batch beyond float rounding (the padding is masked).
-        """
-        lengths = self.token_lengths(part, tokenizer)
-        return None if lengths is None else np.argsort(lengths, kind="stable")
-
-    def in_length_order(self, part: Any, tokenizer: Any) -> tuple[Any, np.ndarray | None]:
-        """``(part sorted by token length, back)``: ``outputs[back]`` restores the split's order.
-
-        ``back`` is None where there is nothing to sort (images): the part is returned as is.
-        """
-        order = self.length_order(part, tokenizer)
-        return (part, None) if order is None else (part.subset(order), np.argsort(order))
-
-    def encode(self, part: Any, tokenizer: Any = None) -> dict[str, torch.Tensor]:
-        """Model inputs for a data split (text: tokenised to ``model.max_length``)."""
-        from toolchain.data import encode
-
-        m = self.recipe.model
-        return encode(part, tokenizer=tokenizer, max_length=m.max_length, padding="longest",
-                      image_size=m.image_size, num_channels=m.num_channels)
+        return class_names(self.data)
 
 
 def run_pipeline(ctx: Context, until: str | None = None, only: list[str] | None = None) -> dict[str, str]:

@@ -89,15 +89,16 @@ def _fresh_rows(keys: list[Any], taken: set[Any], order: Any = None,
 def heldout_splits(ctx: Any, id_rows: int, near_rows: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """``({"heldout": id, "ood_heldout": far[, "near_ood_heldout": near]}, info)``: rows no recipe split uses.
 
-    ID and far-OOD rows are the recipe splitter's next split (:meth:`toolchain.pipeline.Context.carve`),
+    ID and far-OOD rows are the recipe splitter's next split (:func:`toolchain.data.batching.carve`),
     so the recipe's splits are reproduced exactly (a mismatch raises ``RuntimeError``); near-OOD rows
-    are those of :meth:`toolchain.pipeline.Context.near_ood_rows` that ``near_ood_test`` left. ID rows
+    are those of :func:`toolchain.data.batching.near_ood_rows` that ``near_ood_test`` left. ID rows
     are deduplicated against the ID splits, far-OOD rows against the OOD splits, near-OOD rows against
     every recipe split and ``near_ood_test`` (rows repeating a ``near_ood_test`` row are left out
     before counting duplicates); each part against itself.
     """
     import numpy as np
 
+    from toolchain.data.batching import carve, near_ood_rows
     from toolchain.data.overlap import row_keys
 
     r = ctx.recipe
@@ -107,7 +108,7 @@ def heldout_splits(ctx: Any, id_rows: int, near_rows: int | None = None) -> tupl
     taken: set[Any] = set()
     for which, splits, extra, limit in [("id", ID_SPLITS, "heldout", id_rows),
                                         ("ood", OOD_SPLITS, "ood_heldout", None)]:
-        data, again = ctx.carve(which, {extra: limit})
+        data, again = carve(r.data, r.seed, which, {extra: limit})
         own = [s for s in splits if s in ctx.data]
         for s in own:
             if list(row_keys(again[s])) != list(row_keys(ctx.data[s])):
@@ -119,7 +120,7 @@ def heldout_splits(ctx: Any, id_rows: int, near_rows: int | None = None) -> tupl
         info[extra] = {"data": data.name, "rows": len(keep), "dropped_duplicates": dropped,
                        "left_after_splits": len(data) - sum(len(ctx.data[s]) for s in own)}
     if r.data.near_ood is not None and "near_ood_test" in ctx.data:
-        held = ctx.near_ood_rows()
+        held = near_ood_rows(r.data)
         used = set(row_keys(ctx.data["near_ood_test"]))
         taken |= used
         keys = list(row_keys(held))  # the rows near_ood_test took are neither held-out rows nor duplicates

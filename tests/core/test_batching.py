@@ -9,10 +9,11 @@ import pytest
 import torch
 import yaml
 
-from toolchain.data import load_tokenizer
+from toolchain.data import batching, load_tokenizer
+from toolchain.data.batching import LENGTH_GROUP
 from toolchain.data.containers import TextData
 from toolchain.inference import module_outputs, predict
-from toolchain.pipeline import LENGTH_GROUP, STAGES, Context
+from toolchain.pipeline import STAGES, Context
 from toolchain.recipe import parse_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def _texts(n: int, seed: int = 0) -> TextData:
 def _rows(ctx: Context, part: TextData, tok, **kw) -> list[list[str]]:
     """The texts of every batch (decoded back through the token ids)."""
     out = []
-    for batch, _labels in ctx.batches(part, 8, tok, **kw):
+    for batch, _labels in batching.batches(part, 8, tok, ctx.recipe.model, **kw):
         out.append(tok.batch_decode(batch["input_ids"], skip_special_tokens=True))
     return out
 
@@ -48,8 +49,8 @@ def _rows(ctx: Context, part: TextData, tok, **kw) -> list[list[str]]:
 def test_grouped_batches_cover_every_row_once_with_less_padding(tmp_path, tok):
     ctx = _ctx(tmp_path)
     part = _texts(2 * LENGTH_GROUP * 8 + 5)  # two full groups and a short tail
-    plain = list(ctx.batches(part, 8, tok, seed=3))
-    grouped = list(ctx.batches(part, 8, tok, seed=3, group_by_length=True))
+    plain = list(batching.batches(part, 8, tok, ctx.recipe.model, seed=3))
+    grouped = list(batching.batches(part, 8, tok, ctx.recipe.model, seed=3, group_by_length=True))
     assert len(grouped) == len(plain) == -(-len(part) // 8)
     # every row exactly once: the multiset of (text, label) is the one of the plain shuffle
     def rows(batches):
@@ -80,12 +81,13 @@ def test_grouped_batches_are_seeded(tmp_path, tok):
 def test_length_order_puts_short_rows_together_and_images_have_none(tmp_path, tok):
     ctx = _ctx(tmp_path)
     part = _texts(50)
-    order = ctx.length_order(part, tok)
-    lengths = ctx.token_lengths(part, tok)
+    order = batching.length_order(part, tok, ctx.recipe.model.max_length)
+    lengths = batching.token_lengths(part, tok, ctx.recipe.model.max_length)
     assert sorted(order.tolist()) == list(range(50))
     assert np.all(np.diff(lengths[order]) >= 0)
     assert lengths.max() <= ctx.recipe.model.max_length
-    assert ctx.length_order(part, None) is None  # no tokenizer: images keep their order
+    # no tokenizer: images keep their order
+    assert batching.length_order(part, None, ctx.recipe.model.max_length) is None
 
 
 def test_inference_in_length_order_returns_rows_in_the_split_order(tmp_path, tok):
@@ -104,7 +106,7 @@ def test_inference_in_length_order_returns_rows_in_the_split_order(tmp_path, tok
     adapter = adapter_for(model)
     with torch.no_grad():
         got = module_outputs(ctx, SingleModel(adapter), "val", tok, list(adapter.input_names), batch_size=16)
-        one_by_one = torch.cat([adapter.logits(b) for b, _ in ctx.batches(part, 1, tok)]).numpy()
+        one_by_one = torch.cat([adapter.logits(b) for b, _ in batching.batches(part, 1, tok, ctx.recipe.model)]).numpy()
     assert got["logits"].shape == (70, 3)
     np.testing.assert_allclose(got["logits"], one_by_one, atol=1e-5)
     np.testing.assert_allclose(predict(ctx, adapter, "val", tok, batch_size=16).numpy(), one_by_one, atol=1e-5)

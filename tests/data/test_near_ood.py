@@ -62,6 +62,7 @@ def test_a_pattern_that_holds_out_nothing_or_everything_is_refused():
 def test_the_default_recipe_never_trains_scores_or_selects_on_a_coachella_tweet():
     from pathlib import Path
 
+    from toolchain.data.batching import near_ood_rows
     from toolchain.pipeline import Context
     from toolchain.recipe import load_recipe
 
@@ -72,5 +73,5 @@ def test_the_default_recipe_never_trains_scores_or_selects_on_a_coachella_tweet(
     id_texts = {t for name, part in ctx.data.items() if name in ("train", "val", "calib", "test") for t in part.texts}
     assert not any("coachella" in t.lower() for t in id_texts)
     assert not id_texts & set(near.texts)
-    every = ctx.near_ood_rows()  # 3,758 unique Coachella tweets in the corpus (after de-duplication)
+    every = near_ood_rows(ctx.recipe.data)  # 3,758 unique Coachella tweets in the corpus (after de-duplication)
     assert len(every) == sum("coachella" in t.lower() for t in load_tweets().texts) > 3000

@@ -7,6 +7,9 @@
   :func:`load_csv` for a local ``csv:PATH`` file of ``text,label`` rows.
 * Splits: :func:`make_splits`, :func:`split_indices`, :func:`check_classes`, :func:`batches`.
 * Model inputs: :func:`tokenize`, :func:`to_pixel_values`, :func:`encode`, :func:`encode_batches`.
+* A recipe's data as the stages use it (its splits, seeded and length-grouped batches, token-length
+  order): :mod:`toolchain.data.batching`, imported as a module (``batching.batches`` yields model
+  inputs and labels; :func:`batches` here yields slices).
 """
 
 from toolchain.data.containers import ImageData, TextData

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from toolchain.artifacts import read_json
+from toolchain.data import batching
 from toolchain.errors import RecipeError
 from toolchain.inference import evaluate_accuracy
 from toolchain.models import InputSpec, ModelAdapter, adapter_for, checkpoint_family, family, load_model
@@ -97,7 +98,8 @@ def train_classifier(ctx: Context, seed: int, desc: str,
         ctx.console.print(f"  {desc}: {r.finetune.steps} steps, batch {r.finetune.batch_size}, lr {r.finetune.lr}")
         hist = finetune(
             model, adapter,
-            lambda bs, s: ctx.batches(ctx.data["train"], bs, tok, seed=s, group_by_length=r.finetune.group_by_length),
+            lambda bs, s: batching.batches(ctx.data["train"], bs, tok, r.model, seed=s,
+                                           group_by_length=r.finetune.group_by_length),
             steps=r.finetune.steps, lr=r.finetune.lr, batch_size=r.finetune.batch_size, seed=seed,
             weight_decay=r.finetune.weight_decay, progress=ctx.progress, process_group=process_group, desc=desc,
         )
@@ -182,7 +184,7 @@ def calibration(ctx: Context, tokenizer: Any) -> list:
     part = ctx.data["calib"]
     if len(part) > s.calib_samples:
         part = part.subset(list(range(s.calib_samples)))
-    calib = list(ctx.batches(part, s.batch_size, tokenizer))
+    calib = list(batching.batches(part, s.batch_size, tokenizer, ctx.recipe.model))
     if circuit_sees_ood(ctx):
         if "ood_val" not in ctx.data:
             raise RecipeError("field 'scoring.objective': ood_auroc needs data.ood (an OOD validation split).")
@@ -192,7 +194,7 @@ def calibration(ctx: Context, tokenizer: Any) -> list:
                               f"{selection_ood_rows(len(ood))[0]}: the circuit objective also sees ood_val rows "
                               "that model selection uses (benchmarks/diversity)")
         ood = ood.subset(list(range(min(len(ood), s.calib_samples))))
-        for batch, labels in ctx.batches(ood, s.batch_size, tokenizer):
+        for batch, labels in batching.batches(ood, s.batch_size, tokenizer, ctx.recipe.model):
             calib.append((batch, torch.full_like(labels, OOD_LABEL)))
     return calib
 
@@ -254,9 +256,10 @@ def split_feeds(ctx: Context, split: str, names: list[str], tokenizer: Any,
     part = ctx.data[split]
     if 0 < rows < len(part):
         part = part.subset(np.unique(np.linspace(0, len(part) - 1, rows).round().astype(int)))
-    ordered = ctx.in_length_order(part, tokenizer)[0]
+    m = ctx.recipe.model
+    ordered = batching.in_length_order(part, tokenizer, m.max_length)[0]
     return [({k: v.numpy() for k, v in b.items() if k in names}, y.numpy())
-            for b, y in ctx.batches(ordered, batch_size, tokenizer)]
+            for b, y in batching.batches(ordered, batch_size, tokenizer, m)]
 
 
 def trt_profile(ctx: Context, names: list[str]) -> dict[str, tuple]:

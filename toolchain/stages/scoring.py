@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from toolchain.artifacts import atomic_write_json
+from toolchain.data import batching
 from toolchain.models import ModelAdapter, adapter_for
 from toolchain.pipeline import Context, stage
 from toolchain.stages.common import adapter_kwargs, calibration, criterion_params_for, load_stage_model
@@ -63,10 +64,10 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
     )
     masks = torch.stack([mb.keep for mb in members])
     val_logits = []
-    val, _back = ctx.in_length_order(ctx.data["val"], tok)  # less padding; the labels follow the same order
+    val, _back = batching.in_length_order(ctx.data["val"], tok, r.model.max_length)  # less padding; labels follow
     with torch.no_grad():
         for mb in members:
-            outs = [adapter.gated_logits(b, mb.keep.float()) for b, _ in ctx.batches(val, 64, tok)]
+            outs = [adapter.gated_logits(b, mb.keep.float()) for b, _ in batching.batches(val, 64, tok, r.model)]
             val_logits.append(torch.cat(outs))
     stacked = torch.stack(val_logits)
     labels = torch.as_tensor(val.labels)
@@ -120,7 +121,8 @@ def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch
                           + (", bootstrap of the training split" if rec.bootstrap else "")
                           + (f", distilled from the fine-tuned model: weight {rec.distill}, T {rec.temperature}"
                              if rec.distill > 0 else "") + ")")
-        finetune(pruned, pa, lambda bs, s, part=part: ctx.batches(part, bs, tok, seed=s, group_by_length=grouped),
+        finetune(pruned, pa, lambda bs, s, part=part: batching.batches(part, bs, tok, ctx.recipe.model, seed=s,
+                                                                       group_by_length=grouped),
                  steps=rec.steps, lr=rec.lr, batch_size=rec.batch_size, seed=seed, progress=ctx.progress,
                  process_group=jobs.group, desc=f"recovery of member {i}",
                  teacher=teacher, distill=rec.distill, temperature=rec.temperature)
