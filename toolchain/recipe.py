@@ -144,6 +144,8 @@ class BaselinesSection(_Strict):
     deep_ensemble: bool = Field(
         True, description="train the equal-budget deep ensemble (M - 1 more full fine-tunes) and evaluate, export "
         "and bench it; false: the single model is the only baseline")
+    temperature: bool = Field(False, description="post-hoc temperature scaling of the single model and of the deep "
+                              "ensemble: one T each, fitted on the validation NLL, folded into their weights")
 
 
 class ShiftSection(_Strict):
@@ -187,6 +189,14 @@ class ScoringSection(_Strict):
     calib_samples: int = Field(128, ge=1, description="calibration rows the scores are computed on")
     batch_size: int = Field(16, ge=1, description="rows per scoring batch")
     objective: Literal["loss", "nll", "ood_auroc"] = Field("loss", description="circuit: what the search keeps")
+    task_weight: float = Field(0.0, ge=0, description="circuit ood_auroc: keep AUROC - task_weight x ID NLL")
+
+    @model_validator(mode="after")
+    def _task_weight_needs_ood_auroc(self) -> ScoringSection:
+        if self.task_weight and (self.criterion, self.objective) != ("circuit", "ood_auroc"):
+            raise ValueError("task_weight weighs the task loss into the circuit search's ood_auroc objective: set "
+                             f"criterion: circuit and objective: ood_auroc (got {self.criterion}, {self.objective})")
+        return self
 
 
 class RecoverySection(_Strict):
@@ -244,6 +254,11 @@ class FusionSection(_Strict):
     mlp: Literal["average", "grouped"] = Field("average", description="one MLP on every stream, or one per member")
     layernorm: Literal["grouped", "average"] = Field("grouped", description="per-member affine or averaged")
     lowering: Literal["conv", "matmul"] = Field("conv", description="grouped FC as grouped Conv or batched MatMul")
+    temperature: bool = Field(False, description="post-hoc temperature scaling of the fused Hydra: one T, fitted on "
+                              "the validation NLL, folded into the heads")
+    recovery_steps: int = Field(0, ge=0, description="end-to-end recovery of the fused Hydra: steps on the training "
+                                "split with the NLL of its own prediction, input stage frozen; lr, batch size and "
+                                "distillation from pruning.recovery (0: none)")
 
 
 class Range(_Strict):
@@ -431,14 +446,19 @@ _LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("bench", "precisions"): ["fp32"],
     ("bench", "rows_batch"): 32,
     ("bench", "rows_rounds"): 3,
+    ("fusion", "temperature"): False,
+    ("fusion", "recovery_steps"): 0,
+    ("baselines", "temperature"): False,  # also an evaluation field: hashed at its default in its section
+    ("scoring", "task_weight"): 0.0,
 }
 
 
-#: fields that only select which rows the evaluate stage scores, with their defaults: in a section's digest
-#: they hash at the default (so changing one reruns no stage that does not read it, and a recipe at the default
-#: keeps its keys from before); the stages that read them name them in ``sections`` (evaluate, report)
+#: fields only a few later stages read, with their defaults: in a section's digest they hash at the default (so
+#: changing one reruns no stage that does not read it, and a recipe at the default keeps its keys from before);
+#: the stages that read them name them in ``sections`` (evaluate, report; export for the temperature)
 _EVALUATION_FIELDS: dict[tuple[str, ...], Any] = {
     ("data", "near_ood", "rows"): NearOodSection.model_fields["rows"].default,
+    ("baselines", "temperature"): False,  # fitted where the baselines run (export, evaluate), not where they train
 }
 #: the dotted names of :data:`_EVALUATION_FIELDS`, for the stages' ``sections``
 EVALUATION_FIELDS: tuple[str, ...] = tuple(".".join(path) for path in _EVALUATION_FIELDS)
@@ -465,13 +485,16 @@ def _deep_merge(base: dict, over: dict) -> dict:
 def _merged_section(section: BaseModel, over: dict) -> dict:
     """A compare entry's partial section over the recipe's (only the recipe's explicitly set fields).
 
-    An entry that switches ``pruning.strategy`` away from ``mixed-criteria`` drops the inherited
-    ``criteria`` (they belong to that strategy alone) unless it sets them itself.
+    Inherited ``criteria`` (of ``mixed-criteria``) and ``task_weight`` (of the circuit ``ood_auroc`` search)
+    are dropped where the entry's strategy or search is another and it does not set them itself.
     """
     base = section.model_dump(exclude_unset=True)
     if "strategy" in over and over["strategy"] != "mixed-criteria" and "criteria" not in over:
         base.pop("criteria", None)
-    return _deep_merge(base, over)
+    merged = _deep_merge(base, over)
+    if "task_weight" not in over and (merged.get("criterion"), merged.get("objective")) != ("circuit", "ood_auroc"):
+        merged.pop("task_weight", None)  # the recipe's circuit-search weight: not for a variant with another search
+    return merged
 
 
 def _fields_of(model: type[BaseModel], path: tuple) -> list[str]:

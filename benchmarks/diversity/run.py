@@ -10,7 +10,7 @@ Selection (``rule.py``, fixed before the run and written into the results header
 candidate with what a user would deploy instead, the single model and the equal-budget deep ensemble,
 on validation data only: ``val`` rows and the ``ood_val`` rows that no scoring saw
 (``toolchain.stages.common.selection_ood_rows``), all disjoint from the test splits and from the
-near-OOD rows. Eligible: validation accuracy at most 1 point below the single model's; selected: the
+near-OOD rows. Eligible: validation accuracy at most half a point below the single model's; selected: the
 highest ``U = AUROC(MSP) - NLL``. The ensemble gain over a strategy's own members is reported as a
 diagnostic only. The tables report the test splits (far OOD, near OOD) beside the validation numbers.
 
@@ -74,6 +74,42 @@ STRATEGIES["partition-core0-distill"] = {"scoring": HIES, "pruning": {"strategy"
 STRATEGIES["circuit-samples-distill"] = {"scoring": {**CIRCUIT, "calib_samples": 64},
                                          "pruning": {"strategy": "circuit-samples", **DISTILL}}
 
+#: accuracy levers (issue 33), each one change to ``circuit-samples-distill`` (the previous selection), so a row's
+#: difference from it is that lever's cost or gain: fusion (grouped MLP: each member keeps its own MLP, the
+#: exact ensemble of the pruned members), head budget, recovery length and data
+BASE_LEVER = {"scoring": {**CIRCUIT, "calib_samples": 64}, "pruning": {"strategy": "circuit-samples", **DISTILL}}
+
+
+def _lever(scoring: dict | None = None, recovery: dict | None = None, fusion: dict | None = None,
+           **pruning) -> dict:
+    """``circuit-samples-distill`` with one lever moved (partial sections merged over it)."""
+    out = {"scoring": {**BASE_LEVER["scoring"], **(scoring or {})},
+           "pruning": {**BASE_LEVER["pruning"], **pruning,
+                       "recovery": {**BASE_LEVER["pruning"]["recovery"], **(recovery or {})}}}
+    if fusion:
+        out["fusion"] = fusion
+    return out
+
+
+LEVERS: dict[str, dict] = {
+    # what costs accuracy: the averaged MLP (grouped: each member keeps its own), the head budget, the short
+    # recovery, the bootstrap resample, the circuit objective (AUROC only; partition-core0-distill: HIES instead)
+    "circuit-samples-distill-mlp-grouped": _lever(fusion={"mlp": "grouped"}),
+    "circuit-samples-distill-prune25": _lever(ratio=0.25),
+    "circuit-samples-distill-steps300": _lever(recovery={"steps": 300}),
+    "circuit-samples-distill-fulldata": _lever(recovery={"bootstrap": False}),
+    "circuit-samples-distill-task1": _lever(scoring={"task_weight": 1.0}),
+    # after pruning: post-hoc temperature scaling on validation (folded into the heads), and 300 steps of
+    # end-to-end recovery of the fused model (3 x 100 + 300 = 600 steps: the deep ensemble's two extra members)
+    "circuit-samples-distill-ts": _lever(fusion={"temperature": True}),
+    "circuit-samples-distill-fused300": _lever(fusion={"recovery_steps": 300}),
+    "circuit-samples-distill-fused300-ts": _lever(fusion={"recovery_steps": 300, "temperature": True}),
+    "circuit-samples-distill-prune25-ts": _lever(ratio=0.25, fusion={"temperature": True}),
+    "circuit-samples-distill-prune25-fused300-ts": _lever(ratio=0.25, fusion={"recovery_steps": 300,
+                                                                               "temperature": True}),
+}
+STRATEGIES.update(LEVERS)
+
 #: the head budgets tried beside the recipe's own (fraction of heads each member prunes)
 BUDGETS = (0.25, 0.5, 0.75)
 
@@ -106,9 +142,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recipe", default=str(ROOT / "recipes" / "minilm-tweets.yaml"))
     p.add_argument("--profile", default=None, help="recipe profile, e.g. quick (smoke run)")
     p.add_argument("--only", default=None, help="comma-separated strategy names (default: all)")
-    p.add_argument("--acc-slack", type=float, default=0.01,
-                   help="selection rule: validation accuracy at most this far below the single model's")
+    p.add_argument("--acc-slack", type=float, default=None,
+                   help="selection rule: validation accuracy at most this far below the single model's "
+                   "(default: rule.SLACK, 0.005)")
     p.add_argument("--out", default=str(HERE), help="where results.{md,json} and gain_vs_jaccard.png go")
+    p.add_argument("--carry", default=None, metavar="RESULTS_JSON",
+                   help="a previous run's results.json: its rows whose definition (overrides) is unchanged are "
+                        "carried into this run's tables, marked as such, instead of being rerun")
     return p.parse_args(argv)
 
 
@@ -125,7 +165,60 @@ def _args_text(args: argparse.Namespace) -> str:
         parts.append(f"--profile {args.profile}")
     if Path(args.out).resolve() != HERE:
         parts.append(f"--out {os.path.relpath(Path(args.out).resolve(), ROOT)}")
+    if args.only:
+        parts.append(f"--only {args.only}")
+    if args.carry:
+        parts.append(f"--carry {os.path.relpath(Path(args.carry).resolve(), ROOT)}")
     return "".join(" " + p for p in parts)
+
+
+def _source_of(path: Path) -> str:
+    """How a carried results file is cited: its command, else its path at the commit that last wrote it."""
+    import subprocess
+
+    try:
+        commit = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(path)], cwd=ROOT, capture_output=True,
+                                text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    rel = os.path.relpath(path.resolve(), ROOT)
+    return f"{rel} at commit {commit}" if commit else rel
+
+
+def reuse_pruned_members(ctx, sub, console) -> Path | None:
+    """Give a strategy the prune stage of the recipe or of another strategy when its cache key is the same.
+
+    Rows that differ from another only after pruning (fusion, temperature, end-to-end recovery) would
+    otherwise repeat the same circuit searches and recovery fine-tunes (~9 minutes each on 2 cores).
+    The key covers every input of the stage, so equal keys mean equal members; files are hard-linked
+    (stages never write into a published folder) into a temporary folder, then renamed into place.
+    """
+    import os
+    import shutil
+
+    from toolchain.artifacts import read_json
+
+    target = sub.stage_dir("prune")
+    want = sub.key("prune")
+
+    def key_of(folder: Path) -> str | None:
+        try:
+            return read_json(folder / "manifest.json").get("key")
+        except (OSError, ValueError):
+            return None
+
+    if key_of(target) == want:
+        return None
+    for source in [ctx.stage_dir("prune"), *sorted(target.parent.parent.glob("*/prune"))]:
+        if source != target and key_of(source) == want:
+            tmp = target.with_name(f".{target.name}.reuse")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(source, tmp, copy_function=os.link)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+            console.print(f"  prune: the same key as {os.path.relpath(source, ctx.root)}: its members are reused")
+            return source
+    return None
 
 
 def plot(rows: dict[str, dict], path: Path) -> None:
@@ -187,10 +280,20 @@ def main(argv: list[str] | None = None) -> int:
         else {}
     names = list(every) if args.only is None else args.only.split(",")
     rows: dict[str, dict] = {}
-    for name in names:
+    carried_from = None
+    if args.carry:  # rows of a previous run with the same definition: the same cache keys, so the same numbers
+        previous = read_json(Path(args.carry))
+        carried_from = previous.get("command") or _source_of(Path(args.carry))
+        for name, row in previous.get("strategies", {}).items():
+            if name in names and name in every and row.get("overrides") == every[name] and not row.get("carried"):
+                rows[name] = {**row, "carried": carried_from, "selectable": name in strategies}
+            elif name in names and name in every and row.get("carried") and row.get("overrides") == every[name]:
+                rows[name] = {**row, "selectable": name in strategies}  # carried before: keeps its source
+    for name in [n for n in names if n not in rows]:
         entry = CompareEntry(name=name, **every[name])
         sub = VariantContext(ctx, recipe.variant(entry))
         console.print(f"[bold]strategy {name}[/bold]")
+        reuse_pruned_members(ctx, sub, console)
         run_pipeline(sub, only=VARIANT_STAGES)
         ev = sub.stage_dir("evaluate")
         members = read_json(sub.stage_dir("prune") / "diversity.json")
@@ -209,11 +312,21 @@ def main(argv: list[str] | None = None) -> int:
             "gain": div.get("gain", {}),
             "size": read_json(sub.stage_dir("fuse") / "summary.json"),
         }
-    from rule import RULE, select
+    from rule import RULE, SLACK, select
+
+    if args.acc_slack is None:
+        args.acc_slack = SLACK
 
     baselines = {b: base_sel[b] for b in ("single", "deep-ensemble") if b in base_sel}
+    # a temperature-scaled Hydra against the temperature-scaled baselines (evaluate's selection.json)
+    scaled = {b: m for b, m in (base_sel.get("temperature-scaled") or {}).items() if b in baselines}
+    calibrated = {n for n, r in rows.items() if (r["overrides"].get("fusion") or {}).get("temperature")}
+    if calibrated and set(scaled) != set(baselines):
+        console.print("error: temperature-scaled rows need the temperature-scaled baselines in the recipe's "
+                      "evaluate/selection.json (rerun the recipe's evaluate stage)")
+        return 2
     verdict = select({n: r["selection"]["hydra"] for n, r in rows.items() if r["selectable"] and r.get("selection")},
-                     baselines, args.acc_slack)
+                     baselines, args.acc_slack, baselines_for={n: scaled for n in calibrated})
     chosen, why = verdict["selected"], verdict["why"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -236,24 +349,33 @@ def main(argv: list[str] | None = None) -> int:
                  + f" | {fuse['weight_bytes']['deep_ensemble'] / 1e6:.1f} |")
     for name, r in rows.items():
         mark = " (selected)" if name == chosen else "" if r["selectable"] else " (extra training, not selectable)"
+        mark += " (carried)" if r.get("carried") else ""
         lines.append(f"| {name}{mark} | {_cell(r['jaccard'], '.3f')} | {_cell(r['disagreement'], '.3f')} | "
                      f"{_cell(r['kl'])} | " + " | ".join(_cell(r["metrics"].get(k)) for k, _ in METRICS)
                      + f" | {near(r['ood'], 'hydra')} | " + " | ".join(gain_cell(r["gain"].get(k)) for k, _ in GAINS)
                      + f" | {r['size']['weight_bytes']['hydra'] / 1e6:.1f} |")
     vlines = ["| strategy | val acc | val NLL | val AUROC MSP | U | U - single | U - deep ensemble | eligible | "
-              "diagnostic: gain over members NLL | gain AUROC MSP |", "|---|" + "---:|" * 6 + "---|---:|---:|"]
+              "members' own: val acc | val NLL | diagnostic: gain over members NLL | gain AUROC MSP |",
+              "|---|" + "---:|" * 6 + "---|" + "---:|" * 4]
     for b, m in baselines.items():
         vlines.append(f"| {b} (baseline) | {_cell(m.get('accuracy'))} | {_cell(m.get('nll'))} | "
-                      f"{_cell(m.get('auroc_msp'))} | {_cell(verdict['baseline_utility'][b])} | - | - | - | - | - |")
+                      f"{_cell(m.get('auroc_msp'))} | {_cell(verdict['baseline_utility'][b])} | - | - | - | - | - "
+                      "| - | - |")
+    for b, m in scaled.items():
+        vlines.append(f"| {b}, temperature-scaled (baseline of -ts rows; T {m['temperature']:.3f}) | "
+                      f"{_cell(m.get('accuracy'))} | {_cell(m.get('nll'))} | {_cell(m.get('auroc_msp'))} | "
+                      f"{_cell(m.get('auroc_msp', 0) - m.get('nll', 0))} | - | - | - | - | - | - | - |")
     for name, r in rows.items():
         sel = r.get("selection") or {}
         h, g = sel.get("hydra") or {}, sel.get("gain") or {}
         mg = verdict["margins"].get(name, {})
         ok = "yes" if name in verdict["eligible"] else "no" if r["selectable"] else "(not selectable)"
-        vlines.append(f"| {name} | {_cell(h.get('accuracy'))} | {_cell(h.get('nll'))} | {_cell(h.get('auroc_msp'))} | "
+        mm = sel.get("hydra-members-mean") or {}
+        vlines.append(f"| {name}{' (carried)' if r.get('carried') else ''} | {_cell(h.get('accuracy'))} | "
+                      f"{_cell(h.get('nll'))} | {_cell(h.get('auroc_msp'))} | "
                       f"{_cell(verdict['utility'].get(name))} | {_cell(mg.get('single'), '+.4f')} | "
-                      f"{_cell(mg.get('deep-ensemble'), '+.4f')} | {ok} | "
-                      f"{gain_cell(g.get('nll'))} | {gain_cell(g.get('auroc_msp'))} |")
+                      f"{_cell(mg.get('deep-ensemble'), '+.4f')} | {ok} | {_cell(mm.get('accuracy'))} | "
+                      f"{_cell(mm.get('nll'))} | {gain_cell(g.get('nll'))} | {gain_cell(g.get('auroc_msp'))} |")
     rows_seen = {n: r["selection"].get("ood_val_rows_seen_by_scoring", 0) for n, r in rows.items()
                  if r.get("selection")}
     ood_rows = next((r["selection"].get("ood_val_rows") for r in rows.values() if r.get("selection")), None)
@@ -295,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Selected on validation data: **{chosen or 'none (deploy the single model)'}**: {why}.",
         "",
+        ("Rows marked (carried) were not rerun: their definitions are unchanged since "
+         + ", ".join(sorted({r["carried"] for r in rows.values() if r.get("carried")}))
+         + ", so their stages' cache keys and numbers are the same (the members' own validation metrics were not "
+         "recorded then: -)." if any(r.get("carried") for r in rows.values()) else ""),
+        "",
         latency_note,
         "",
         f"Command: `python benchmarks/diversity/run.py{_args_text(args)}` "
@@ -305,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ])
     atomic_write_text(out / "results.md", md)
+    command = f"python benchmarks/diversity/run.py{_args_text(args)} ({time.strftime('%Y-%m-%d')})"
     atomic_write_json(out / "results.json", {"recipe": recipe.name, "selected": chosen, "why": why,
+                                              "command": command,
                                               "rule": RULE.format(slack=args.acc_slack), "verdict": verdict,
                                               "baselines_validation": baselines,
                                               "single": base["single"], "deep_ensemble": base["deep-ensemble"],

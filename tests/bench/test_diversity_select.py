@@ -20,9 +20,14 @@ def test_every_strategy_spells_out_its_scoring_and_recovery(diversity_run):
     for name, over in every.items():
         assert "criterion" in over["scoring"], name
         steps = over["pruning"]["recovery"]["steps"]
-        assert steps == (100 if "-recovery" in name or name.endswith("-distill") else 0), name
+        assert steps == (300 if "-steps300" in name else 100 if "-recovery" in name or "-distill" in name else 0), name
         # a recipe's own distillation (the ViT recipe's) must not leak into a row that does not say so
-        assert over["pruning"]["recovery"]["distill"] == (0.5 if name.endswith("-distill") else 0.0), name
+        assert over["pruning"]["recovery"]["distill"] == (0.5 if "-distill" in name else 0.0), name
+        # the levers after pruning say so in their names, and only they move the fusion section
+        fusion = over.get("fusion", {})
+        assert fusion.get("temperature", False) == name.endswith("-ts"), name
+        assert fusion.get("recovery_steps", 0) == (300 if "-fused300" in name else 0), name
+        assert over["scoring"].get("task_weight", 0.0) == (1.0 if "-task1" in name else 0.0), name
         variant = recipe.variant(CompareEntry(name=name, **over))
         assert variant.pruning.recovery.steps == steps and variant.scoring.criterion == over["scoring"]["criterion"]
 
@@ -41,5 +46,7 @@ def test_the_recipe_builds_the_strategy_its_benchmark_selected(diversity_run, re
     recipe = load_recipe(ROOT / "recipes" / recipe_file)
     every = diversity_run.candidates(None)  # all three budget rows: a budget row may have won
     variant = recipe.variant(CompareEntry(name=selected, **every[selected]))
-    for section in ("model", "data", "finetune", "scoring", "pruning"):
+    for section in ("model", "data", "finetune", "scoring", "pruning", "fusion"):
         assert variant.digest(section) == recipe.digest(section), (selected, section)
+    # a temperature-scaled Hydra is deployed beside temperature-scaled baselines, as the rule compared them
+    assert recipe.baselines.temperature == variant.fusion.temperature

@@ -253,3 +253,45 @@ def test_near_ood_rows_at_the_default_keep_the_keys_from_before():
     without["data"].pop("near_ood", None)
     plain = parse_recipe(without)
     assert plain.digest("data", "data.near_ood.rows") == plain.digest("data")  # no near_ood: nothing added
+
+
+def test_the_accuracy_levers_at_their_defaults_keep_the_keys_from_before():
+    """The accuracy levers came later (issue 33): at their defaults (off) every key is as before, nothing reruns."""
+    import hashlib
+    import json
+
+    recipe = parse_recipe(_base())
+    dump = recipe.model_dump(mode="json")
+    later = {"fusion": ("temperature", "recovery_steps"), "baselines": ("temperature",), "scoring": ("task_weight",)}
+    for section, fields in later.items():
+        before = {k: v for k, v in dump[section].items() if k not in fields}
+        expected = hashlib.sha256(json.dumps({section: before}, sort_keys=True).encode()).hexdigest()
+        assert recipe.digest(section) == expected, section
+    assert recipe.digest("export", "baselines.temperature") == recipe.digest("export")
+
+
+def test_temperature_scaling_keys_only_the_stages_that_fit_or_run_it():
+    """Hydra's temperature: fuse and after; the baselines': the stages that run them (export and after, evaluate)."""
+    default = _keys(_base())
+    hydra = _base()
+    hydra.setdefault("fusion", {})["temperature"] = True
+    changed = {s for s, k in _keys(hydra).items() if k != default[s]}
+    assert changed == {"fuse", "export", "build", "parity", "bench", "evaluate", "compare", "report"}
+    hydra["fusion"] = {"recovery_steps": 10}  # end-to-end recovery of the fused model: the same stages
+    assert {s for s, k in _keys(hydra).items() if k != default[s]} == changed
+    baselines = _base()
+    baselines.setdefault("baselines", {})["temperature"] = True
+    changed = {s for s, k in _keys(baselines).items() if k != default[s]}
+    assert changed == {"export", "build", "parity", "bench", "evaluate", "report"}  # ensemble does not retrain
+
+
+def test_task_weight_needs_the_circuit_search_with_the_ood_auroc_objective():
+    data = _base()
+    data["scoring"] = {"criterion": "hies", "task_weight": 0.5}
+    with pytest.raises(RecipeError, match=r"task_weight.*criterion: circuit and objective: ood_auroc"):
+        parse_recipe(data)
+    data["scoring"] = {"criterion": "circuit", "objective": "ood_auroc", "task_weight": 0.5}
+    recipe = parse_recipe(data)  # its compare variants with other criteria do not inherit the weight
+    assert recipe.scoring.task_weight == 0.5
+    assert {e.name: recipe.variant(e).scoring.task_weight for e in recipe.compare} == {
+        e.name: (0.5 if recipe.variant(e).scoring.objective == "ood_auroc" else 0.0) for e in recipe.compare}

@@ -98,3 +98,25 @@ def test_circuit_argument_errors(bert, make_calib):
         circuit_scores(bert.adapter, calib, n_heads=1, objective="ood_auroc")
     with pytest.raises(ValueError, match="max_batch_size"):
         circuit_scores(bert.adapter, calib, n_heads=1, max_batch_size=0)
+
+
+def test_the_task_weight_subtracts_the_id_nll_from_the_auroc():
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [5.0, 5.0], [0.0, 3.0]])
+    labels = torch.tensor([0, 1, OOD_LABEL, OOD_LABEL])
+    nll = float(F.cross_entropy(logits[:2].double(), labels[:2]))
+    assert objective_value("ood_auroc", logits, labels, 0.7) == pytest.approx(0.5 - 0.7 * nll)
+    with pytest.raises(ValueError, match="task_weight"):
+        objective_value("loss", logits, labels, 0.7)
+
+
+def test_a_heavy_task_weight_makes_the_search_that_of_the_nll(bert):
+    """AUROC moves by at most 1 between masks; at a weight of 1e6 the NLL decides every step, as the nll search."""
+    calib = bert.labelled_batches(sizes=(6, 6), ood_every=3)
+    heavy = circuit_scores(bert.adapter, calib, n_heads=1, objective="ood_auroc", task_weight=1e6)
+    nll = circuit_scores(bert.adapter, [(b, y) for b, y in calib], n_heads=1, objective="nll")
+    assert heavy.extras["circuit"] == nll.extras["circuit"]
+    assert heavy.params["task_weight"] == 1e6 and "task_weight" not in nll.params
+    with pytest.raises(ValueError, match="task_weight"):
+        circuit_scores(bert.adapter, calib, n_heads=1, objective="loss", task_weight=0.5)
+    with pytest.raises(ValueError, match="task_weight"):
+        circuit_scores(bert.adapter, calib, n_heads=1, objective="ood_auroc", task_weight=-1.0)

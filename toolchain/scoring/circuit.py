@@ -73,8 +73,12 @@ MODES = ("batched", "looped")
 NLL_CLIP = 1e-12
 
 
-def objective_value(objective: str, logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """The objective on ``logits [N, C]`` and ``labels [N]`` (``-1`` = OOD), computed in float64."""
+def objective_value(objective: str, logits: torch.Tensor, labels: torch.Tensor, task_weight: float = 0.0) -> float:
+    """The objective on ``logits [N, C]`` and ``labels [N]`` (``-1`` = OOD), computed in float64.
+
+    ``task_weight`` (``ood_auroc`` only): the value is ``AUROC - task_weight x NLL`` of the ID rows,
+    so the search also keeps heads the task needs (0: AUROC alone).
+    """
     check_choice("objective", objective, OBJECTIVES)
     logits = logits.double()
     ood = labels == OOD_LABEL
@@ -82,7 +86,10 @@ def objective_value(objective: str, logits: torch.Tensor, labels: torch.Tensor) 
         from sklearn.metrics import roc_auc_score
 
         score = -torch.softmax(logits, dim=-1).max(dim=-1).values
-        return float(roc_auc_score(ood.numpy().astype(np.int64), score.numpy()))
+        auroc = float(roc_auc_score(ood.numpy().astype(np.int64), score.numpy()))
+        return auroc - task_weight * objective_value("nll", logits, labels) if task_weight else auroc
+    if task_weight:
+        raise ValueError(f"task_weight weighs the task NLL into the ood_auroc objective; objective is {objective!r}")
     idl, idy = logits[~ood], labels[~ood]
     if objective == "loss":
         return float(F.cross_entropy(idl, idy, reduction="mean"))
@@ -187,6 +194,7 @@ def circuit_scores(
     *,
     n_heads: int,
     objective: str = "loss",
+    task_weight: float = 0.0,
     mode: str = "batched",
     max_batch_size: int = 128,
 ) -> HeadScores:
@@ -197,6 +205,7 @@ def circuit_scores(
         calib: iterable of ``(batch dict, labels [B])``; label ``-1`` marks an OOD row.
         n_heads: heads kept per layer (the circuit size per layer), >= 1.
         objective: ``"loss"``, ``"nll"`` or ``"ood_auroc"``.
+        task_weight: ``ood_auroc`` only: keep ``AUROC - task_weight x NLL`` of the ID rows (0: AUROC alone).
         mode: ``"batched"`` or ``"looped"`` (falls back to looped, with a warning, when the
             prunable layers do not see the batch's samples).
         max_batch_size: most rows per batched forward (128 suits a 2-core CPU, where a forward
@@ -205,6 +214,10 @@ def circuit_scores(
     n_heads = check_int("n_heads", n_heads, lo=1)
     check_choice("objective", objective, OBJECTIVES)
     check_choice("mode", mode, MODES)
+    if not (task_weight >= 0 and math.isfinite(task_weight)):
+        raise ValueError(f"task_weight must be a finite number >= 0; got {task_weight}")
+    if task_weight and objective != "ood_auroc":
+        raise ValueError(f"task_weight weighs the task NLL into objective='ood_auroc'; objective is {objective!r}")
     max_batch_size = check_int("max_batch_size", max_batch_size, lo=1)
     data = as_calibration(calib)
     labels = torch.cat([lab for _, lab in data])
@@ -237,7 +250,7 @@ def circuit_scores(
             logits = evaluate_masks(adapter, data, masks, mode=used, max_batch_size=max_batch_size)
             if l == 0:
                 check_labels(labels, logits.shape[-1], criterion="circuit", allow_ood=True)
-            values = [objective_value(objective, logits[k], labels) for k in range(len(masks))]
+            values = [objective_value(objective, logits[k], labels, task_weight) for k in range(len(masks))]
             references.append(values[0])
             for h in range(n_l):
                 damage[l, h] = objective_damage(objective, values[h + 1], values[0])
@@ -263,6 +276,7 @@ def circuit_scores(
         params={
             "n_heads": n_heads,
             "objective": objective,
+            **({"task_weight": task_weight} if task_weight else {}),
             "mode": mode,
             "mode_used": used,
             "max_batch_size": max_batch_size,

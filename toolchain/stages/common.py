@@ -5,6 +5,7 @@ The base model, training, calibration data, Hydra building, feeds, compare-varia
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,8 @@ def criterion_params_for(ctx: Context, criterion: str, heads_per_layer: list[int
         out["seed"] = ctx.recipe.seed
     if "objective" in wanted:
         out["objective"] = s.objective
+    if "task_weight" in wanted and s.task_weight:  # at 0 the criterion's own default (AUROC alone)
+        out["task_weight"] = s.task_weight
     if "n_heads" in wanted:
         layers, heads = len(heads_per_layer), max(heads_per_layer)
         kept = p.budget if p.budget is not None else round((1 - float(p.ratio or 0)) * layers * heads)
@@ -292,3 +295,155 @@ class VariantContext(Context):
 
 #: the stages a compare variant runs (its score stage only draws a heatmap: prune scores itself)
 VARIANT_STAGES = ["prune", "fuse", "evaluate"]
+
+
+def _val_labels(ctx: Context) -> np.ndarray:
+    from toolchain.errors import RecipeError
+
+    if "val" not in ctx.data or len(ctx.data["val"]) == 0:
+        raise RecipeError("temperature scaling (fields 'fusion.temperature', 'baselines.temperature') fits T on the "
+                          "validation split: give data.splits a non-zero 'val'")
+    return np.asarray(ctx.data["val"].labels)
+
+
+def _probe(module: torch.nn.Module, ctx: Context, key: str) -> Callable[[], torch.Tensor]:
+    feed = example_feed(ctx, 2, min(16, ctx.recipe.model.max_length))
+    names = getattr(module, "input_names", tuple(feed))
+    return lambda: module(**{k: v for k, v in feed.items() if k in names})[key]
+
+
+def calibrate_hydra(ctx: Context, model: torch.nn.Module, tok: Any) -> dict[str, float]:
+    """``fusion.temperature``: fit one T on the fused Hydra's validation NLL and fold it into its heads.
+
+    Returns the record (``temperature`` and the validation NLL before and after), or ``{}`` when off.
+    """
+    from toolchain.inference import module_outputs
+    from toolchain.models.temperature import fit_temperature, fold_temperature, scaled_nll
+
+    if not ctx.recipe.fusion.temperature:
+        return {}
+    labels = _val_labels(ctx)
+    logits = module_outputs(ctx, model, "val", tok, list(model.input_names))["member_logits"]
+    t = fit_temperature(logits, labels)
+    probe = _probe(model, ctx, "member_logits")
+    with torch.no_grad():
+        before = probe()
+        for head in {id(h): h for h in model.heads}.values():  # one shared head or one per member
+            fold_temperature(head, t, int(logits.shape[-1]))
+        after = probe()
+    if not torch.allclose(after, before / t, rtol=1e-4, atol=1e-5 * float(before.abs().max().clamp(min=1.0))):
+        from toolchain.errors import ModelError
+
+        raise ModelError(f"field 'fusion.temperature': the fused Hydra's member logits are not the old ones / {t:.4g} "
+                         "after folding T into its heads (a head whose logits are not linear in its last layer)")
+    nll0, nll1 = scaled_nll(logits, labels, 1.0), scaled_nll(logits, labels, t)
+    ctx.console.print(f"  temperature {t:.4f} (validation NLL {nll0:.4f} -> {nll1:.4f})")
+    return {"temperature": t, "val_nll_before": nll0, "val_nll_after": nll1, "val_rows": len(labels),
+            "classes": int(logits.shape[-1])}
+
+
+def baseline_models(ctx: Context) -> tuple[ModelAdapter, list[ModelAdapter], Any, dict[str, Any]]:
+    """The single model and the deep-ensemble members as deployed: temperature-scaled where the recipe says so.
+
+    Returns ``(single, members, tokenizer, record)``. ``members`` is empty with
+    ``baselines.deep_ensemble: false``; member 0 is the single model's own adapter unless the
+    two are scaled by different temperatures (then a second copy). With
+    ``baselines.temperature`` one T is fitted for the single model and one for the deep ensemble
+    (shared by its members, on the ensemble's NLL), both on the validation split, and folded into
+    the weights; ``record`` holds them (``{}`` when off).
+    """
+    from toolchain.inference import module_outputs
+    from toolchain.models.temperature import fit_temperature, fold_temperature, scaled_nll
+    from toolchain.models.wrappers import SingleModel
+    from toolchain.pipeline import same_stage_files
+
+    _m, single, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    n = ctx.recipe.pruning.members if ctx.recipe.baselines.deep_ensemble else 0
+    members: list[ModelAdapter] = []
+    for i in range(n):
+        if i == 0 and same_stage_files(ctx, ("finetune", "model"), ("ensemble", "member0")):
+            members.append(single)
+        else:
+            members.append(load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")[1])
+    if not ctx.recipe.baselines.temperature:
+        return single, members, tok, {}
+    labels = _val_labels(ctx)
+    names = list(single.input_names)
+    val = {id(a): module_outputs(ctx, SingleModel(a), "val", tok, names)["logits"] for a in [single, *members]}
+    classes = int(val[id(single)].shape[-1])
+    record: dict[str, Any] = {"val_rows": len(labels)}
+    t_single = fit_temperature(val[id(single)], labels)
+    record["single"] = {"temperature": t_single, "val_nll_before": scaled_nll(val[id(single)], labels, 1.0),
+                        "val_nll_after": scaled_nll(val[id(single)], labels, t_single)}
+    if members:
+        stacked = np.stack([val[id(a)] for a in members], 1)
+        t_de = fit_temperature(stacked, labels)
+        record["deep-ensemble"] = {"temperature": t_de, "val_nll_before": scaled_nll(stacked, labels, 1.0),
+                                   "val_nll_after": scaled_nll(stacked, labels, t_de)}
+        if members[0] is single:  # scaled differently: member 0 becomes its own copy
+            members[0] = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")[1]
+        for a in members:
+            fold_temperature(a.model, t_de, classes, probe=_probe(SingleModel(a), ctx, "logits"))
+    fold_temperature(single.model, t_single, classes, probe=_probe(SingleModel(single), ctx, "logits"))
+    for name, r in record.items():
+        if isinstance(r, dict):
+            ctx.console.print(f"  {name} temperature {r['temperature']:.4f} (validation NLL {r['val_nll_before']:.4f}"
+                              f" -> {r['val_nll_after']:.4f})")
+    return single, members, tok, record
+
+
+class _FusedTrainee:
+    """What :func:`toolchain.pruning.finetune.finetune` trains: the fused Hydra, its output the log of its prediction.
+
+    ``logits(batch)`` returns ``log(mean_m softmax(member_logits))``: cross-entropy on it is the NLL
+    of the mean of the members' softmax, the distribution the deployed Hydra outputs.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.names = tuple(model.input_names)
+
+    def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        z = self.model(**{k: v for k, v in batch.items() if k in self.names})["member_logits"]
+        return torch.logsumexp(torch.log_softmax(z, dim=-1), dim=1) - float(np.log(z.shape[1]))
+
+
+def recover_fused(ctx: Context, model: torch.nn.Module, tok: Any) -> dict[str, Any]:
+    """``fusion.recovery_steps``: fine-tune the fused Hydra end to end (input stage frozen); ``{}`` when off.
+
+    The loss is the NLL of the fused model's own prediction on the training split (every row, seeded
+    order), with ``pruning.recovery``'s learning rate, batch size and distillation from the fine-tuned
+    model; the averaged MLP and the members' attention learn together what the members learned apart.
+    """
+    from toolchain.pruning.finetune import finetune
+
+    steps = ctx.recipe.fusion.recovery_steps
+    if steps <= 0:
+        return {}
+    rec = ctx.recipe.pruning.recovery
+    for param in model.parameters():
+        param.requires_grad_(True)
+    for param in model.embeddings.parameters():  # the input stage runs once for all members: the base's
+        param.requires_grad_(False)
+    teacher = None
+    if rec.distill > 0:
+        _m, base, _t = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+        base.model.eval()
+        teacher = base.logits
+    seed = ctx.recipe.seed + 104729
+    ctx.console.print(f"  end-to-end recovery of the fused model: {steps} steps (seed {seed}, the training split"
+                      + (f", distilled from the fine-tuned model: weight {rec.distill}, T {rec.temperature}"
+                         if rec.distill > 0 else "") + ")")
+    train = ctx.data["train"]
+    grouped = ctx.recipe.finetune.group_by_length
+    out = finetune(model, _FusedTrainee(model), lambda bs, s: batching.batches(
+        train, bs, tok, ctx.recipe.model, seed=s, group_by_length=grouped),
+        steps=steps, lr=rec.lr, batch_size=rec.batch_size, seed=seed, progress=ctx.progress,
+        desc="end-to-end recovery of the fused model", teacher=teacher, distill=rec.distill,
+        temperature=rec.temperature)
+    for param in model.parameters():
+        param.requires_grad_(False)
+    model.eval()
+    losses = out["losses"]
+    tail = losses[-max(1, len(losses) // 10):]
+    return {"steps": steps, "seed": seed, "first_loss": float(losses[0]), "last_tenth_loss": float(np.mean(tail))}

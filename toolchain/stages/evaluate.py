@@ -7,13 +7,19 @@ from typing import Any
 
 import numpy as np
 
-from toolchain.artifacts import atomic_write_json
+from toolchain.artifacts import atomic_write_json, read_json
 from toolchain.inference import module_outputs
 from toolchain.metrics.registry import view_keys
-from toolchain.pipeline import Context, same_stage_files, stage
+from toolchain.pipeline import Context, stage
 from toolchain.pruning.diversity import ensemble_diversity
 from toolchain.recipe import EVALUATION_FIELDS
-from toolchain.stages.common import VariantContext, circuit_sees_ood, load_stage_model, selection_ood_rows
+from toolchain.stages.common import (
+    VariantContext,
+    baseline_models,
+    circuit_sees_ood,
+    load_stage_model,
+    selection_ood_rows,
+)
 
 
 def _outputs(ctx: Context, module: Any, splits: list[str], tok: Any, names: list[str]) -> dict[str, dict]:
@@ -147,9 +153,37 @@ def _shift(ctx: Context, models: dict[str, list[Any]], tok: Any, names: list[str
             "differences_by_kind": by_kind}
 
 
+def _scaled_baselines(single: dict[str, dict], members: list[dict[str, np.ndarray]],
+                      labels: np.ndarray) -> dict[str, Any]:
+    """Validation metrics of the single model and the deep ensemble temperature-scaled on those rows.
+
+    What ``baselines.temperature`` would deploy (one T each, fitted on the validation NLL, as
+    :func:`toolchain.stages.common.baseline_models` fits it): the selection rule compares a Hydra
+    row with ``fusion.temperature`` against these, so calibration is not credited to Hydra alone.
+    """
+    from toolchain.metrics import ensemble_probs, uq_report
+    from toolchain.models.temperature import fit_temperature
+
+    has_ood = "ood_val" in single
+    runs = {"single": {s: single[s]["logits"][:, None, :] for s in ("val", "ood_val") if s in single}}
+    if members:
+        runs["deep-ensemble"] = {s: np.stack([m[s] for m in members], 1) for s in ("val", "ood_val") if s in single}
+    out: dict[str, Any] = {}
+    for name, z in runs.items():
+        t = fit_temperature(z["val"], labels)
+        kw: dict[str, Any] = {}
+        if has_ood:
+            kw["probs_ood"] = ensemble_probs(z["ood_val"] / t)
+            if name == "deep-ensemble" and z["val"].shape[1] >= 2:
+                kw |= {"member_logits_id": z["val"] / t, "member_logits_ood": z["ood_val"] / t}
+        out[name] = {**uq_report(ensemble_probs(z["val"] / t), labels, **kw), "temperature": t}
+    return out
+
+
 @stage("evaluate", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "shift", *EVALUATION_FIELDS),
        upstream=("fuse", "ensemble"), summary="uncertainty metrics: single model, deep ensemble, Hydra (PyTorch)",
-       version=4)  # 3: shift.json (corruption suites); 4: ood.json (far and near OOD), baselines in selection.json
+       version=5)  # 3: shift.json (corruption suites); 4: ood.json (far and near OOD), baselines in selection.json;
+                   # 5: temperature-scaled baselines and Hydra's members in selection.json, temperatures.json
 def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """UQ metrics on the ID test split and the OOD test split, with plots and per-sample outputs.
 
@@ -166,10 +200,15 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
 
     has_ood = "ood_test" in ctx.data
     splits = ["test"] + (["ood_test"] if has_ood else [])
-    _m, base, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    variant_only = isinstance(ctx, VariantContext)
+    if variant_only:  # Hydra only: the baselines are the recipe's own evaluate stage's
+        _m, base, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+        de_members: list[Any] = []
+        temperatures: dict[str, Any] = {}
+    else:  # as deployed: temperature-scaled where baselines.temperature says so
+        base, de_members, tok, temperatures = baseline_models(ctx)
     names = list(base.input_names)
     labels = np.asarray(ctx.data["test"].labels)
-    variant_only = isinstance(ctx, VariantContext)
     variants: dict[str, dict[str, np.ndarray | None]] = {}
     shift_models: dict[str, list[Any]] = {}
     near = ["near_ood_test"] if "near_ood_test" in ctx.data else []
@@ -180,12 +219,11 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     if not variant_only:
         single = _outputs(ctx, SingleModel(base), run_splits, tok, names)
         shift_models["single"] = [SingleModel(base)]
-        for i in range(ctx.recipe.pruning.members if ctx.recipe.baselines.deep_ensemble else 0):
-            if i == 0 and same_stage_files(ctx, ("finetune", "model"), ("ensemble", "member0")):
+        for a in de_members:
+            if a is base:
                 members.append({s: single[s]["logits"] for s in run_splits})  # member 0 is the single model
                 shift_models.setdefault("deep-ensemble", []).append(shift_models["single"][0])
                 continue
-            _m, a, _t = load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")
             shift_models.setdefault("deep-ensemble", []).append(SingleModel(a))
             members.append({s: o["logits"] for s, o in _outputs(ctx, SingleModel(a), run_splits, tok, names).items()})
         variants["single"] = {"probs_id": single["test"]["probs"], "probs_ood": single.get("ood_test", {}).get("probs")}
@@ -234,6 +272,9 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
             kw["member_logits_id"] = hyd["val"]["member_logits"]
             kw["member_logits_ood"] = hyd["ood_val"]["member_logits"]
         selection["hydra"] = uq_report(hyd["val"]["probs"], val_labels, **kw)
+        val_members = _member_metrics(hyd["val"]["member_logits"], val_labels,
+                                      hyd.get("ood_val", {}).get("member_logits"))
+        selection["hydra-members-mean"] = {k: float(np.mean([p[k] for p in val_members])) for k in val_members[0]}
         if single:  # what a user would deploy instead, on the same validation rows (the selection rule's baselines)
             has_ood_val = "ood_val" in single
             selection["single"] = uq_report(single["val"]["probs"], val_labels,
@@ -247,6 +288,8 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
                     if several:
                         de_kw |= {"member_logits_id": de_val, "member_logits_ood": de_ood}
                 selection["deep-ensemble"] = uq_report(ensemble_probs(de_val), val_labels, **de_kw)
+            if not ctx.recipe.baselines.temperature:  # the baselines a temperature-scaled Hydra is compared with
+                selection["temperature-scaled"] = _scaled_baselines(single, members, val_labels)
         if "ood_val" in hyd:
             start, stop = selection_ood_rows(len(ctx.data["ood_val"]))
             seen = min(ctx.recipe.scoring.calib_samples, stop) if circuit_sees_ood(ctx) else 0
@@ -281,6 +324,9 @@ def evaluate_stage(ctx: Context, work: Path) -> dict[str, Any]:
     atomic_write_json(work / "metrics.json", metrics)
     atomic_write_json(work / "diversity.json", diversity)
     atomic_write_json(work / "selection.json", selection)
+    if hyd_t := (read_json(ctx.stage_dir("fuse") / "summary.json").get("temperature") or {}):
+        temperatures["hydra"] = hyd_t
+    atomic_write_json(work / "temperatures.json", temperatures)  # {} when nothing is temperature-scaled
     np.savez_compressed(work / "outputs.npz", labels=labels,
                         **{f"{n}_{k}": v for n, d in variants.items() for k, v in d.items() if v is not None})
     keys = view_keys("console")

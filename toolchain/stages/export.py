@@ -8,9 +8,10 @@ from typing import Any
 import torch
 
 from toolchain import interrupts
-from toolchain.artifacts import atomic_write_json
+from toolchain.artifacts import atomic_write_json, read_json
+from toolchain.hydra.io import load_hydra
 from toolchain.pipeline import Context, stage
-from toolchain.stages.common import build_hydra, dynamic_axes, example_feed, load_stage_model, trt_profile
+from toolchain.stages.common import baseline_models, build_hydra, dynamic_axes, example_feed, trt_profile
 
 
 def export_one(ctx: Context, module: torch.nn.Module, outputs: list[str], path: Path) -> dict[str, Any]:
@@ -29,7 +30,8 @@ def export_one(ctx: Context, module: torch.nn.Module, outputs: list[str], path: 
                          sequence=e.sequence)
 
 
-@stage("export", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export"),
+@stage("export", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export",
+                           "baselines.temperature"),
        upstream=("fuse", "ensemble"), summary="export ONNX graphs: Hydra (both lowerings), single model, members",
        version=3)  # 2: BF16 constants clamped to the BF16 range; 3: lean Hydra graphs, node counts in graphs.json
 def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
@@ -44,18 +46,26 @@ def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
 
     e = ctx.recipe.export
     graphs: dict[str, dict[str, Any]] = {}
+    fused = read_json(ctx.stage_dir("fuse") / "summary.json")
+    scaled = fused.get("temperature") or {}
+    trained_fused = bool(scaled or fused.get("recovery"))  # weights only the fuse stage's folder holds
     for low in e.lowerings:
-        hydra = build_hydra(ctx, lowering=low)
+        # the fuse stage's folder in this lowering where it trained or calibrated the fused model; else rebuilt
+        # from the members as before (the same weights: graphs and cache keys from before these options stay)
+        hydra = load_hydra(ctx.stage_dir("fuse") / "hydra").set_lowering(low) if trained_fused else \
+            build_hydra(ctx, lowering=low)
         graphs[f"hydra-{low}"] = {"kind": "hydra", "lowering": low, "precision": "fp32",
                                   **export_one(ctx, hydra, ["probs", "member_logits"], work / f"hydra-{low}.onnx")}
-    _m, adapter, _t = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    adapter, de_members, _t, temperatures = baseline_models(ctx)  # baselines.temperature: T folded in
     graphs["single"] = {"kind": "single", "precision": "fp32",
                         **export_one(ctx, SingleModel(adapter), ["logits", "probs"], work / "single.onnx")}
-    members = [f"member{i}" for i in range(1, ctx.recipe.pruning.members)] if ctx.recipe.baselines.deep_ensemble else []
+    members = [f"member{i}" for i in range(1, len(de_members))]
     for i in range(1, len(members) + 1):
-        _m, member, _t = load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")
         graphs[f"member{i}"] = {"kind": "member", "precision": "fp32",
-                                **export_one(ctx, SingleModel(member), ["logits", "probs"], work / f"member{i}.onnx")}
+                                **export_one(ctx, SingleModel(de_members[i]), ["logits", "probs"],
+                                             work / f"member{i}.onnx")}
+    if scaled:
+        temperatures["hydra"] = scaled
     for base in [f"hydra-{low}" for low in e.lowerings] + ["single", *members]:
         for prec in [p for p in e.precisions if p != "fp32"]:
             name = f"{base}.{prec}"
@@ -65,6 +75,7 @@ def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
             graphs[name] = {**keep, "precision": prec, "path": f"{name}.onnx", "precision_report": res.report(),
                             "stats": graph_stats(work / f"{name}.onnx")}
     atomic_write_json(work / "graphs.json", graphs)
+    atomic_write_json(work / "temperatures.json", temperatures)  # {} when nothing is temperature-scaled
     for name, g in graphs.items():
         extra = ""
         if g["precision"] == "fp32":

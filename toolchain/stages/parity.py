@@ -8,7 +8,7 @@ from typing import Any
 from toolchain.artifacts import atomic_write_json, read_json
 from toolchain.errors import RecipeError
 from toolchain.pipeline import Context, stage
-from toolchain.stages.common import example_feed, load_stage_model, runner_input_specs, split_feeds
+from toolchain.stages.common import baseline_models, example_feed, runner_input_specs, split_feeds
 
 
 def parity_inputs(ctx: Context, names: list[str], tok: Any) -> tuple[list, list, list]:
@@ -59,14 +59,14 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
     from toolchain.parity import run_parity
 
     graphs = read_json(ctx.stage_dir("export") / "graphs.json")
-    _m, base, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    base, de_members, tok, _t = baseline_models(ctx)  # the PyTorch references as exported (temperatures folded)
     names = list(graphs["single"]["inputs"])
     generated, ident, ood = parity_inputs(ctx, names, tok)
     groups: dict[str, Any] = {
         "hydra": (lambda: load_hydra(ctx.stage_dir("fuse") / "hydra"), ["probs", "member_logits"]),
         "single": (lambda: SingleModel(base), ["logits", "probs"])}
     for gname in sorted({_group_of(n) for n, g in graphs.items() if g.get("kind") == "member"}):
-        groups[gname] = (lambda g=gname: SingleModel(load_stage_model(ctx, ctx.stage_dir("ensemble") / g)[1]),
+        groups[gname] = (lambda g=gname: SingleModel(de_members[int(g.removeprefix("member"))]),
                          ["logits", "probs"])
     results: dict[str, Any] = {}
     skipped: dict[str, str] = {}
@@ -211,7 +211,7 @@ def rescue_failing_graphs(ctx: Context) -> list[dict[str, Any]]:
     if not failing:
         ctx.console.print("  rescue: no failing FP16/BF16 graph to rescue")
         return []
-    _m, base, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
+    base, de_members, tok, _t = baseline_models(ctx)
     names = list(graphs["single"]["inputs"])
     generated, ident, ood = parity_inputs(ctx, names, tok)
     sd = StageDir(ctx.root, "rescue", key=ctx.key("parity"))
@@ -220,7 +220,9 @@ def rescue_failing_graphs(ctx: Context) -> list[dict[str, Any]]:
     try:
         for name in failing:
             g = graphs[name]
-            module = load_hydra(ctx.stage_dir("fuse") / "hydra") if g["kind"] == "hydra" else SingleModel(base)
+            module = (load_hydra(ctx.stage_dir("fuse") / "hydra") if g["kind"] == "hydra" else
+                      SingleModel(de_members[int(_group_of(name).removeprefix("member"))]) if g["kind"] == "member"
+                      else SingleModel(base))
             outputs = ["probs", "member_logits"] if g["kind"] == "hydra" else ["logits", "probs"]
             reference = make_runner(reference_kind(), module=module, input_specs=_input_specs(ctx, names),
                                     output_names=outputs, name="torch-reference")
