@@ -76,7 +76,7 @@ STRATEGIES["circuit-samples-distill"] = {"scoring": {**CIRCUIT, "calib_samples":
 
 #: accuracy levers (issue 33), each one change to ``circuit-samples-distill`` (the previous selection), so a row's
 #: difference from it is that lever's cost or gain: fusion (grouped MLP: each member keeps its own MLP, the
-#: exact ensemble of the pruned members), head budget, recovery length and data
+#: exact ensemble of the pruned members), head budget, recovery data, circuit objective, calibration
 BASE_LEVER = {"scoring": {**CIRCUIT, "calib_samples": 64}, "pruning": {"strategy": "circuit-samples", **DISTILL}}
 
 
@@ -92,21 +92,19 @@ def _lever(scoring: dict | None = None, recovery: dict | None = None, fusion: di
 
 
 LEVERS: dict[str, dict] = {
-    # what costs accuracy: the averaged MLP (grouped: each member keeps its own), the head budget, the short
-    # recovery, the bootstrap resample, the circuit objective (AUROC only; partition-core0-distill: HIES instead)
+    # what costs accuracy: the averaged MLP (grouped: each member keeps its own), the head budget, the bootstrap
+    # resample, the circuit objective (AUROC only; task1 weighs the task NLL in; partition-core0-distill: HIES);
+    # the short recovery: fused300 below (longer per-member recovery, steps: 300, was not measured: 20 min a row)
     "circuit-samples-distill-mlp-grouped": _lever(fusion={"mlp": "grouped"}),
     "circuit-samples-distill-prune25": _lever(ratio=0.25),
-    "circuit-samples-distill-steps300": _lever(recovery={"steps": 300}),
     "circuit-samples-distill-fulldata": _lever(recovery={"bootstrap": False}),
     "circuit-samples-distill-task1": _lever(scoring={"task_weight": 1.0}),
     # after pruning: post-hoc temperature scaling on validation (folded into the heads), and 300 steps of
-    # end-to-end recovery of the fused model (3 x 100 + 300 = 600 steps: the deep ensemble's two extra members)
+    # end-to-end recovery of the fused model (3 x 100 + 300 = 600 steps: what the deep ensemble's two extra
+    # members train), also at the smaller head budget
     "circuit-samples-distill-ts": _lever(fusion={"temperature": True}),
     "circuit-samples-distill-fused300": _lever(fusion={"recovery_steps": 300}),
-    "circuit-samples-distill-fused300-ts": _lever(fusion={"recovery_steps": 300, "temperature": True}),
-    "circuit-samples-distill-prune25-ts": _lever(ratio=0.25, fusion={"temperature": True}),
-    "circuit-samples-distill-prune25-fused300-ts": _lever(ratio=0.25, fusion={"recovery_steps": 300,
-                                                                               "temperature": True}),
+    "circuit-samples-distill-prune25-fused300": _lever(ratio=0.25, fusion={"recovery_steps": 300}),
 }
 STRATEGIES.update(LEVERS)
 

@@ -78,7 +78,7 @@ CHANGES = {  # field -> a different valid value (on the default recipe)
     "bench.rounds": 7,
     "parity.uq_tolerances": {"": 0.1},
     "shift.rows": 64,
-    "compare": [],
+    "compare": [{"name": "taylor", "scoring": {"criterion": "taylor"}}],
 }
 
 
