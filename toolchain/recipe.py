@@ -313,6 +313,8 @@ class ParitySection(_Strict):
     uq_tolerances: dict[str, float] = Field(default_factory=dict)
     #: per-engine or per-output numeric tolerances, e.g. {probs: {atol: 1e-3, rtol: 1e-2, stat: max}}
     tolerances: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    deep_ensemble: bool = Field(True, description="also gate each deep-ensemble member's engines against its "
+                                "PyTorch model; false: Hydra and the single model only (members still benched)")
 
 
 class CompareEntry(_Strict):
@@ -440,16 +442,11 @@ class Recipe(_Strict):
 #: fields added after artifacts were cached, with their defaults: a recipe that leaves one at its default
 #: hashes as before the field existed, so its cached stages stay valid (``Recipe.digest``)
 _LATER_FIELDS: dict[tuple[str, ...], Any] = {
-    ("data", "near_ood"): None,
-    ("pruning", "recovery", "distill"): 0.0,
-    ("pruning", "recovery", "temperature"): 2.0,
-    ("bench", "precisions"): ["fp32"],
-    ("bench", "rows_batch"): 32,
-    ("bench", "rows_rounds"): 3,
-    ("fusion", "temperature"): False,
-    ("fusion", "recovery_steps"): 0,
+    ("data", "near_ood"): None, ("pruning", "recovery", "distill"): 0.0, ("pruning", "recovery", "temperature"): 2.0,
+    ("bench", "precisions"): ["fp32"], ("bench", "rows_batch"): 32, ("bench", "rows_rounds"): 3,
+    ("fusion", "temperature"): False, ("fusion", "recovery_steps"): 0,
     ("baselines", "temperature"): False,  # also an evaluation field: hashed at its default in its section
-    ("scoring", "task_weight"): 0.0,
+    ("scoring", "task_weight"): 0.0, ("parity", "deep_ensemble"): True,
 }
 
 

@@ -161,6 +161,7 @@ def collect(art: Path, *, recipe: str, profile: str | None, name: str, lowering:
                                 "loadavg_end": machine.get("loadavg_end")}},
         "parity": parity, "parity_exit_code": verdict.get("exit_code"),
         "parity_skipped": len(verdict.get("skipped", {})),
+        "parity_not_gated": sorted(verdict.get("not_gated", {})),
     }
 
 
@@ -244,6 +245,8 @@ def markdown(summary: dict[str, Any]) -> str:
     for group, p in summary["parity"].items():
         out.append(f"| {group} | {p['status']} | {p['engines']} | {_f(p['checks'], 0)} | {_f(p['passed'], 0)} | "
                    f"{_f(p['failed'], 0)} | {_f(p['unresolved'], 0)} |")
+    if summary.get("parity_not_gated"):
+        out += ["", "Not gated (`parity.deep_ensemble: false`): " + ", ".join(summary["parity_not_gated"]) + "."]
     return "\n".join(out) + "\n"
 
 

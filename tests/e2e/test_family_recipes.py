@@ -38,6 +38,8 @@ def runs(tmp_path_factory) -> dict[str, tuple[dict, str]]:
     for path in RECIPES:
         data = yaml.safe_load(path.read_text())
         data["artifacts_dir"] = str(tmp / path.stem / "artifacts")
+        data.setdefault("parity", {})["deep_ensemble"] = False  # the option the default recipe sets (member
+        #                                                         parity is gated by the quick pipeline test)
         (tmp / path.stem).mkdir()
         recipe = tmp / path.stem / path.name
         recipe.write_text(yaml.safe_dump(data))
@@ -71,5 +73,9 @@ def test_family_recipe_quick_end_to_end(runs, path):
     assert {"hydra-conv.bf16", "single.bf16"} <= set(graphs)
     report = (art / "report" / "report.md").read_text()
     assert "| hydra | pass |" in report and "| single | pass |" in report
+    # parity.deep_ensemble: false: the members are exported and evaluated but not gated, and the verdict says so
+    verdict = json.loads((art / "parity" / "verdict.json").read_text())
+    assert set(verdict["groups"]) == {"hydra", "single"} and verdict["exit_code"] == 0
+    assert "parity.deep_ensemble is false" in verdict["not_gated"]["member1"] and graphs["member1"]["kind"] == "member"
     metrics = json.loads((art / "evaluate" / "metrics.json").read_text())
     assert {"single", "deep-ensemble", "hydra"} <= set(metrics)

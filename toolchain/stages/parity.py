@@ -51,7 +51,8 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
     rounded to BF16) on the same feeds as the others; engines the build stage compiled (OpenVINO's
     real BF16 on this CPU, TensorRT) are judged at the precision they report they ran. The
     deep-ensemble members (``member<i>``) are groups of their own, each against its PyTorch model.
-    A precision this machine cannot run is listed under ``skipped``, not failed.
+    A precision this machine cannot run is listed under ``skipped``, not failed. With
+    ``parity.deep_ensemble: false`` the members are not gated (``not_gated`` in ``verdict.json``).
     """
     from toolchain.engines import make_runner, reference_kind
     from toolchain.hydra.fuse import load_hydra
@@ -65,7 +66,8 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
     groups: dict[str, Any] = {
         "hydra": (lambda: load_hydra(ctx.stage_dir("fuse") / "hydra"), ["probs", "member_logits"]),
         "single": (lambda: SingleModel(base), ["logits", "probs"])}
-    for gname in sorted({_group_of(n) for n, g in graphs.items() if g.get("kind") == "member"}):
+    members = sorted({_group_of(n) for n, g in graphs.items() if g.get("kind") == "member"})
+    for gname in members if ctx.recipe.parity.deep_ensemble else []:  # parity.deep_ensemble: false skips them
         groups[gname] = (lambda g=gname: SingleModel(de_members[int(g.removeprefix("member"))]),
                          ["logits", "probs"])
     results: dict[str, Any] = {}
@@ -92,12 +94,17 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
             ctx.console.print(f"    [yellow]?[/yellow] {note}")
     for label, reason in skipped.items():
         ctx.console.print(f"  skipped {label}: {reason}")
-    summary = {"groups": results, "skipped": skipped,
+    not_gated = {} if ctx.recipe.parity.deep_ensemble else {
+        g: "parity.deep_ensemble is false: the deep-ensemble member's engines are not gated" for g in members}
+    if not_gated:
+        ctx.console.print(f"  not gated (parity.deep_ensemble: false): {', '.join(not_gated)}")
+    summary = {"groups": results, "skipped": skipped, "not_gated": not_gated,
                "exit_code": max([r["exit_code"] for r in results.values()] or [0])}
     atomic_write_json(work / "verdict.json", summary)
     md = ["| group | status | exit code |", "|---|---|---|"]
     md += [f"| {g} | {r['status']} | {r['exit_code']} |" for g, r in results.items()]
-    md += ["", *[f"- skipped `{k}`: {v}" for k, v in skipped.items()]]
+    md += ["", *[f"- skipped `{k}`: {v}" for k, v in skipped.items()],
+           *[f"- not gated `{k}`: {v}" for k, v in not_gated.items()]]
     md += ["", *[(work / g / "summary.md").read_text() for g in results if (work / g / "summary.md").exists()]]
     (work / "summary.md").write_text("\n".join(md) + "\n")
     return {"exit_code": summary["exit_code"]}
