@@ -14,9 +14,12 @@ near-OOD rows. Eligible: validation accuracy at most half a point below the sing
 highest ``U = AUROC(MSP) - NLL``. The ensemble gain over a strategy's own members is reported as a
 diagnostic only. The tables report the test splits (far OOD, near OOD) beside the validation numbers.
 
-    python benchmarks/diversity/run.py                                         # text (~40-60 min on 2 cores)
+    python benchmarks/diversity/run.py                                         # text (hours on 2 cores, see below)
     python benchmarks/diversity/run.py --recipe recipes/vit-fashion-mnist.yaml --out benchmarks/diversity/vit
     python benchmarks/diversity/run.py --profile quick                         # smoke run on the quick profile
+
+Time on 2 cores (text): 5,470 s for the rows of commit 58f4f58, about 80 more minutes for the lever rows of
+issue 33 (shared cores); ``--carry results.json`` keeps rows whose definitions did not change.
 """
 
 from __future__ import annotations
