@@ -67,7 +67,9 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
         "hydra": (lambda: load_hydra(ctx.stage_dir("fuse") / "hydra"), ["probs", "member_logits"]),
         "single": (lambda: SingleModel(base), ["logits", "probs"])}
     members = sorted({_group_of(n) for n, g in graphs.items() if g.get("kind") == "member"})
-    for gname in members if ctx.recipe.parity.deep_ensemble else []:  # parity.deep_ensemble: false skips them
+    not_gated = {} if ctx.recipe.parity.deep_ensemble else {
+        g: "parity.deep_ensemble is false: the deep-ensemble member's engines are not gated" for g in members}
+    for gname in (g for g in members if g not in not_gated):
         groups[gname] = (lambda g=gname: SingleModel(de_members[int(g.removeprefix("member"))]),
                          ["logits", "probs"])
     results: dict[str, Any] = {}
@@ -94,8 +96,6 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
             ctx.console.print(f"    [yellow]?[/yellow] {note}")
     for label, reason in skipped.items():
         ctx.console.print(f"  skipped {label}: {reason}")
-    not_gated = {} if ctx.recipe.parity.deep_ensemble else {
-        g: "parity.deep_ensemble is false: the deep-ensemble member's engines are not gated" for g in members}
     if not_gated:
         ctx.console.print(f"  not gated (parity.deep_ensemble: false): {', '.join(not_gated)}")
     summary = {"groups": results, "skipped": skipped, "not_gated": not_gated,
