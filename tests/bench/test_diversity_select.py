@@ -30,6 +30,17 @@ def test_every_strategy_spells_out_its_scoring_and_recovery(diversity_run):
         assert over["scoring"].get("task_weight", 0.0) == (1.0 if "-task1" in name else 0.0), name
         variant = recipe.variant(CompareEntry(name=name, **over))
         assert variant.pruning.recovery.steps == steps and variant.scoring.criterion == over["scoring"]["criterion"]
+        # the recipe's own fusion (the default recipe's 300 end-to-end steps) must not leak into a row either
+        assert variant.fusion.recovery_steps == (300 if "-fused300" in name else 0), name
+        assert variant.fusion.temperature == name.endswith("-ts"), name
+        assert variant.fusion.mlp == ("grouped" if "-mlp-grouped" in name else "average"), name
+
+
+def test_the_rows_a_recipe_leaves_out_are_strategies_far_below_the_floor(diversity_run):
+    """A left-out row names a real strategy, and no lever row is left out (they are what issue 33 measures)."""
+    for recipe, skipped in diversity_run.SKIP.items():
+        assert skipped and set(skipped) <= set(diversity_run.STRATEGIES), recipe
+        assert not set(skipped) & set(diversity_run.LEVERS), recipe
 
 
 @pytest.mark.parametrize(("recipe_file", "results"), [

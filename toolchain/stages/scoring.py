@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
 
-from toolchain.artifacts import atomic_write_json
+from toolchain import distributed as dist
+from toolchain.artifacts import atomic_write_json, read_json
 from toolchain.data import batching
 from toolchain.models import ModelAdapter, adapter_for
 from toolchain.pipeline import Context, stage
@@ -58,10 +60,16 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
             extra["core"] = p.core
         if p.strategy == "sampled":
             extra["temperature"] = p.temperature
-    members = make_members(
-        adapter, calibration(ctx, tok), m=p.members, strategy=p.strategy,
-        seed=r.seed, scope=p.scope, min_heads_per_layer=p.min_heads_per_layer, **rule, **extra,
-    )
+    cached = masks_cache(ctx)
+    if cached.exists():  # the same search inputs as an earlier prune (e.g. only the recovery differs)
+        members = [SimpleNamespace(index=m["index"], seed=m["seed"], keep=torch.tensor(m["keep"], dtype=torch.bool))
+                   for m in read_json(cached)["members"]]
+        ctx.console.print(f"  member masks: the same search inputs as {cached.name} (cache/member-masks): reused")
+    else:
+        members = make_members(
+            adapter, calibration(ctx, tok), m=p.members, strategy=p.strategy,
+            seed=r.seed, scope=p.scope, min_heads_per_layer=p.min_heads_per_layer, **rule, **extra,
+        )
     masks = torch.stack([mb.keep for mb in members])
     val_logits = []
     val, _back = batching.in_length_order(ctx.data["val"], tok, r.model.max_length)  # less padding; labels follow
@@ -84,6 +92,10 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
         "members": [{"index": mb.index, "seed": mb.seed, "keep": mb.keep.int().tolist()} for mb in members],
     })
     atomic_write_json(work / "diversity.json", diversity)
+    if not cached.exists() and dist.is_main():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(cached, {"members": [{"index": mb.index, "seed": mb.seed, "keep": mb.keep.int().tolist()}
+                                               for mb in members]})
     plot_member_masks(masks, work / "members.png", title=f"{r.name}: heads kept per member")
     if r.pruning.recovery.steps > 0:
         _recover_members(ctx, adapter, tok, masks, work)
@@ -94,9 +106,33 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
     return {"kept_heads": diversity["kept_heads"]}
 
 
+#: bump when :func:`toolchain.pruning.members.make_members` changes what it returns for the same inputs
+MASKS_VERSION = 1
+
+
+def masks_cache(ctx: Context) -> Path:
+    """Where the member masks of this recipe's search inputs are kept, shared by the recipe and its variants.
+
+    The key covers every input of the search (``make_members``) and no more: the fine-tuned model and
+    the data (the ``finetune`` stage's key), the ``model``, ``data`` and ``scoring`` sections, the seed and
+    every ``pruning`` field but ``recovery``, which only the fine-tune after the search reads. So rows
+    that differ only in recovery (steps, data, distillation) search once: a circuit search per member
+    takes about a minute on 2 cores.
+    """
+    import hashlib
+    import json
+
+    pruning = ctx.recipe.pruning.model_dump(mode="json")
+    pruning.pop("recovery", None)
+    h = hashlib.sha256(f"member masks {MASKS_VERSION}".encode())
+    h.update(ctx.key("finetune").encode())
+    h.update(ctx.recipe.digest("model", "data", "scoring", "seed").encode())
+    h.update(json.dumps(pruning, sort_keys=True).encode())
+    return ctx.stage_dir("finetune").parent / "cache" / "member-masks" / f"{h.hexdigest()[:16]}.json"
+
+
 def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch.Tensor, work: Path) -> None:
     """Prune each member physically and fine-tune it (per-member seed and data order)."""
-    from toolchain import distributed as dist
     from toolchain.models import save_model
     from toolchain.pruning.finetune import finetune
 
