@@ -74,6 +74,6 @@ def test_a_prune_that_differs_only_in_recovery_reuses_the_member_masks(tmp_path)
     log1, keep1 = prune(3)
     assert "member masks" not in log1
     log2, keep2 = prune(1)
-    assert "member masks: cache/member-masks/" in log2 and keep2 == keep1
+    assert "member masks reused: cache/member-masks/" in log2 and keep2 == keep1
     log3, keep3 = prune(1, ratio=0.5)
     assert "member masks" not in log3 and sum(map(sum, keep3[0])) < sum(map(sum, keep1[0]))

@@ -64,7 +64,7 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
     if cached.exists():  # the same search inputs as an earlier prune (e.g. only the recovery differs)
         members = [SimpleNamespace(index=m["index"], seed=m["seed"], keep=torch.tensor(m["keep"], dtype=torch.bool))
                    for m in read_json(cached)["members"]]
-        ctx.console.print(f"  member masks: cache/member-masks/{cached.name} (the same search inputs)")
+        ctx.console.print(f"  member masks reused: cache/member-masks/{cached.name}")  # same search inputs
     else:
         members = make_members(
             adapter, calibration(ctx, tok), m=p.members, strategy=p.strategy,
