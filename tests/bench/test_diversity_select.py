@@ -62,3 +62,32 @@ def test_the_recipe_builds_the_strategy_its_benchmark_selected(diversity_run, re
         assert variant.digest(section) == recipe.digest(section), (selected, section)
     # a temperature-scaled Hydra is deployed beside temperature-scaled baselines, as the rule compared them
     assert recipe.baselines.temperature == variant.fusion.temperature
+
+
+def test_a_row_takes_the_stages_whose_keys_another_row_or_the_recipe_has(diversity_run, tmp_path):
+    """reuse_stages links a folder only where the manifest key equals the row's own key, stage by stage."""
+    import json
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    root = tmp_path / "minilm-tweets"
+
+    def folder(path, key, payload):
+        path.mkdir(parents=True)
+        (path / "manifest.json").write_text(json.dumps({"key": key}))
+        (path / "out.txt").write_text(payload)
+
+    folder(root / "prune", "p1", "recipe prune")                      # the recipe's own: same prune key
+    folder(root / "variants" / "other" / "fuse", "f1", "other fuse")  # another row's: same fuse key
+    folder(root / "variants" / "other" / "evaluate", "e-other", "x")  # another key: not taken
+    keys = {"prune": "p1", "fuse": "f1", "evaluate": "e1"}
+    ctx = SimpleNamespace(root=root, stage_dir=lambda s: root / s)
+    sub = SimpleNamespace(stage_dir=lambda s: root / "variants" / "row" / s, key=keys.__getitem__)
+    reused = diversity_run.reuse_stages(ctx, sub, Console(file=None, quiet=True))
+    assert reused == {"prune": "prune", "fuse": "variants/other/fuse"}
+    row = root / "variants" / "row"
+    assert (row / "prune" / "out.txt").read_text() == "recipe prune"
+    assert (row / "fuse" / "out.txt").read_text() == "other fuse"
+    assert not (row / "evaluate").exists()
+    assert diversity_run.reuse_stages(ctx, sub, Console(quiet=True)) == {}  # already in place: nothing to do
