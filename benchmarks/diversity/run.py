@@ -215,7 +215,7 @@ def reuse_stages(ctx, sub, console) -> dict[str, str]:
     import os
     import shutil
 
-    from toolchain.artifacts import read_json
+    from toolchain.artifacts import read_json, record_stage
     from toolchain.stages import VARIANT_STAGES
 
     def key_of(folder: Path) -> str | None:
@@ -236,6 +236,7 @@ def reuse_stages(ctx, sub, console) -> dict[str, str]:
                 shutil.copytree(source, tmp, copy_function=os.link)
                 shutil.rmtree(target, ignore_errors=True)
                 tmp.rename(target)
+                record_stage(target.parent, stage, want, target)  # the row's run index lists it: verify checks it
                 reused[stage] = os.path.relpath(source, ctx.root)
                 console.print(f"  {stage}: the same key as {reused[stage]}: reused")
                 break

@@ -90,4 +90,6 @@ def test_a_row_takes_the_stages_whose_keys_another_row_or_the_recipe_has(diversi
     assert (row / "prune" / "out.txt").read_text() == "recipe prune"
     assert (row / "fuse" / "out.txt").read_text() == "other fuse"
     assert not (row / "evaluate").exists()
+    index = json.loads((row / "pipeline.json").read_text())["stages"]  # what `verify` checks the row's folder by
+    assert index == {"prune": {"key": "p1", "folder": "prune"}, "fuse": {"key": "f1", "folder": "fuse"}}
     assert diversity_run.reuse_stages(ctx, sub, Console(quiet=True)) == {}  # already in place: nothing to do
