@@ -57,15 +57,16 @@ def test_recovered_members_fuse_and_keep_the_base_embeddings(tmp_path):
 def test_a_prune_that_differs_only_in_recovery_reuses_the_member_masks(tmp_path):
     """The search's masks are cached by its own inputs (not recovery): a second prune reuses them, the same masks.
 
-    A third prune with another search input (the ratio) must search again: the cache key is not too coarse.
+    A prune with another search input (the ratio) must search again (the key is not too coarse), and so must
+    ``--force prune`` and a prune whose cache file is unreadable.
     """
     art = tmp_path / "art"
 
-    def prune(recovery_steps: int, ratio: float = 0.25) -> tuple[str, list]:
+    def prune(recovery_steps: int, ratio: float = 0.25, *extra: str) -> tuple[str, list]:
         recipe = tmp_path / f"r{recovery_steps}-{ratio}.yaml"
         text = RECIPE.format(art=art).replace("recovery: {steps: 3,", f"recovery: {{steps: {recovery_steps},")
         recipe.write_text(text.replace("ratio: 0.25", f"ratio: {ratio}"))
-        out = subprocess.run([sys.executable, "-m", "toolchain", "prune", str(recipe)], cwd=ROOT,
+        out = subprocess.run([sys.executable, "-m", "toolchain", "prune", str(recipe), *extra], cwd=ROOT,
                              capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
         members = json.loads((art / "tiny-recovery" / "prune" / "members.json").read_text())["members"]
@@ -75,5 +76,12 @@ def test_a_prune_that_differs_only_in_recovery_reuses_the_member_masks(tmp_path)
     assert "member masks" not in log1
     log2, keep2 = prune(1)
     assert "member masks reused: cache/member-masks/" in log2 and keep2 == keep1
-    log3, keep3 = prune(1, ratio=0.5)
+    log3, keep3 = prune(1, 0.5)
     assert "member masks" not in log3 and sum(map(sum, keep3[0])) < sum(map(sum, keep1[0]))
+    log4, keep4 = prune(3, 0.25, "--force", "prune")  # a forced prune searches again, to the same masks
+    assert "member masks" not in log4 and keep4 == keep1
+    # an unreadable cache file is not an error: the search runs again and rewrites it
+    for f in (art / "tiny-recovery" / "cache" / "member-masks").iterdir():
+        f.write_text("{not json")
+    log5, keep5 = prune(2)
+    assert "member masks" not in log5 and keep5 == keep1

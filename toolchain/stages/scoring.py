@@ -61,10 +61,10 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
         if p.strategy == "sampled":
             extra["temperature"] = p.temperature
     cached = masks_cache(ctx)
-    if cached.exists():  # the same search inputs as an earlier prune (e.g. only the recovery differs)
-        members = [SimpleNamespace(index=m["index"], seed=m["seed"], keep=torch.tensor(m["keep"], dtype=torch.bool))
-                   for m in read_json(cached)["members"]]
-        ctx.console.print(f"  member masks reused: cache/member-masks/{cached.name}")  # same search inputs
+    members = None if "prune" in ctx.force else _cached_members(cached)  # --force prune: search again
+    searched = members is None
+    if not searched:  # the same search inputs as an earlier prune (e.g. only the recovery differs)
+        ctx.console.print(f"  member masks reused: cache/member-masks/{cached.name}")
     else:
         members = make_members(
             adapter, calibration(ctx, tok), m=p.members, strategy=p.strategy,
@@ -92,7 +92,7 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
         "members": [{"index": mb.index, "seed": mb.seed, "keep": mb.keep.int().tolist()} for mb in members],
     })
     atomic_write_json(work / "diversity.json", diversity)
-    if not cached.exists() and dist.is_main():
+    if searched and dist.is_main():
         cached.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(cached, {"members": [{"index": mb.index, "seed": mb.seed, "keep": mb.keep.int().tolist()}
                                                for mb in members]})
@@ -129,6 +129,15 @@ def masks_cache(ctx: Context) -> Path:
     h.update(ctx.recipe.digest("model", "data", "scoring", "seed").encode())
     h.update(json.dumps(pruning, sort_keys=True).encode())
     return ctx.stage_dir("finetune").parent / "cache" / "member-masks" / f"{h.hexdigest()[:16]}.json"
+
+
+def _cached_members(path: Path) -> list[SimpleNamespace] | None:
+    """The members kept at ``path`` (index, seed, keep mask), or None when absent or unreadable."""
+    try:
+        return [SimpleNamespace(index=int(m["index"]), seed=int(m["seed"]),
+                                keep=torch.tensor(m["keep"], dtype=torch.bool)) for m in read_json(path)["members"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch.Tensor, work: Path) -> None:
