@@ -87,15 +87,13 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
         diversity["jaccard"] = pairwise_jaccard(masks)
         dis = prediction_disagreement(stacked)
         diversity["disagreement_val"] = {k: v for k, v in dis.items() if k != "ensemble_pred"}
-    atomic_write_json(work / "members.json", {
-        "criterion": crit, "strategy": r.pruning.strategy, "rule": rule,
-        "members": [{"index": mb.index, "seed": mb.seed, "keep": mb.keep.int().tolist()} for mb in members],
-    })
+    kept = [{"index": mb.index, "seed": mb.seed, "keep": mb.keep.int().tolist()} for mb in members]
+    atomic_write_json(work / "members.json", {"criterion": crit, "strategy": r.pruning.strategy, "rule": rule,
+                                              "members": kept})
     atomic_write_json(work / "diversity.json", diversity)
     if searched and dist.is_main():
         cached.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(cached, {"members": [{"index": mb.index, "seed": mb.seed, "keep": mb.keep.int().tolist()}
-                                               for mb in members]})
+        atomic_write_json(cached, {"members": kept})
     plot_member_masks(masks, work / "members.png", title=f"{r.name}: heads kept per member")
     if r.pruning.recovery.steps > 0:
         _recover_members(ctx, adapter, tok, masks, work)
@@ -113,9 +111,10 @@ MASKS_VERSION = 1
 def masks_cache(ctx: Context) -> Path:
     """Where the member masks of this recipe's search inputs are kept, shared by the recipe and its variants.
 
-    The key covers every input of the search (``make_members``) and no more: the fine-tuned model and
-    the data (the ``finetune`` stage's key), the ``model``, ``data`` and ``scoring`` sections, the seed and
-    every ``pruning`` field but ``recovery``, which only the fine-tune after the search reads. So rows
+    The key covers every input of the search (``make_members``) and no more: the ``finetune`` stage's key
+    (the ``model``, ``data`` and ``finetune`` sections, the seed, the data files' and checkpoint's
+    content), the ``scoring`` section and every ``pruning`` field but ``recovery``, which only the
+    fine-tune after the search reads. So rows
     that differ only in recovery (steps, data, distillation) search once: a circuit search per member
     takes about a minute on 2 cores.
     """
@@ -126,7 +125,7 @@ def masks_cache(ctx: Context) -> Path:
     pruning.pop("recovery", None)
     h = hashlib.sha256(f"member masks {MASKS_VERSION}".encode())
     h.update(ctx.key("finetune").encode())
-    h.update(ctx.recipe.digest("model", "data", "scoring", "seed").encode())
+    h.update(ctx.recipe.digest("scoring").encode())
     h.update(json.dumps(pruning, sort_keys=True).encode())
     return ctx.stage_dir("finetune").parent / "cache" / "member-masks" / f"{h.hexdigest()[:16]}.json"
 
