@@ -120,3 +120,49 @@ def test_a_heavy_task_weight_makes_the_search_that_of_the_nll(bert):
         circuit_scores(bert.adapter, calib, n_heads=1, objective="loss", task_weight=0.5)
     with pytest.raises(ValueError, match="task_weight"):
         circuit_scores(bert.adapter, calib, n_heads=1, objective="ood_auroc", task_weight=-1.0)
+
+
+def _circuit_step_masks(adapter, layer, seed=0):
+    """A circuit step's masks: random gates below ``layer`` shared by all, then one head of ``layer`` masked each."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.ones(adapter.num_layers, adapter.max_heads)
+    base[:layer] = (torch.rand(layer, adapter.max_heads, generator=g) > 0.4).float()
+    masks = [base.clone()]
+    for h in range(adapter.heads_per_layer()[layer]):
+        m = base.clone()
+        m[layer, h] = 0.0
+        masks.append(m)
+    return torch.stack(masks)
+
+
+@pytest.mark.parametrize("mode", ["batched", "looped"])
+def test_a_circuit_step_runs_its_shared_layers_once_per_batch(tiny, make_calib, mode):
+    """Masks that agree on the first layers: those run once per batch; the logits are those of full runs."""
+    adapter = tiny.adapter
+    modules = adapter.layer_modules()
+    assert modules is not None and len(modules) == adapter.num_layers  # every family's stack is found
+    layer = adapter.num_layers - 1
+    masks = _circuit_step_masks(adapter, layer)
+    data = as_calibration(make_calib(tiny, sizes=(3, 2)))
+    calls = [0] * len(modules)  # forwards that compute each layer (its query projection runs)
+    hooks = [lv.q.register_forward_pre_hook(lambda *_a, i=i: calls.__setitem__(i, calls[i] + 1))
+             for i, lv in enumerate(adapter.layers())]
+    try:
+        shared = evaluate_masks(adapter, data, masks, mode=mode, max_batch_size=7)
+        once = list(calls)
+        full = evaluate_masks(adapter, data, masks, mode=mode, max_batch_size=7, share_prefix=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    forwards = [c_full - c for c, c_full in zip(once, calls, strict=True)]  # forwards of the unshared run
+    assert once[0] == len(data) and forwards[0] > len(data)  # shared: one run of layer 0 per batch
+    assert once[layer] == forwards[layer]  # the differing layer runs once per forward either way
+    torch.testing.assert_close(shared, full, rtol=1e-5, atol=1e-6)
+    assert all("forward" not in vars(m) for m in modules)  # the layers are restored
+
+
+def test_masks_that_differ_in_the_first_layer_share_nothing(bert, make_calib):
+    masks = _circuit_step_masks(bert.adapter, 0)
+    data = as_calibration(make_calib(bert, sizes=(3,)))
+    torch.testing.assert_close(evaluate_masks(bert.adapter, data, masks),
+                               evaluate_masks(bert.adapter, data, masks, share_prefix=False), rtol=0, atol=0)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -372,6 +373,77 @@ class ModelAdapter(ABC):
         with self.gated(gates):
             return self.logits(batch)
 
+    # -------------------------------------------------------------- layer stack
+    def layer_modules(self) -> list[nn.Module] | None:
+        """The module of each prunable layer, as the model's stack calls it; ``None`` where that is unclear.
+
+        Each is the innermost module holding both the layer's attention block and its ``fc2``
+        (``bert.encoder.layer.3``), accepted only when the layers are consecutive entries, in
+        order, of one ``nn.ModuleList`` (a stack that calls each layer once, in order).
+        """
+        names = {id(m): n for n, m in self.model.named_modules()}
+        found: list[tuple[str, int]] = []
+        for lv in self.layers():
+            a, f = names.get(id(lv.attention), "").split("."), names.get(id(lv.fc2), "").split(".")
+            common = [x for x, _ in itertools.takewhile(lambda xy: xy[0] == xy[1], zip(a, f))]  # shared parts
+            if len(common) < 2 or not common[-1].isdigit():
+                return None
+            found.append((".".join(common[:-1]), int(common[-1])))
+        parents = {p for p, _ in found}
+        if len(parents) != 1:
+            return None
+        stack = self.model.get_submodule(parents.pop())
+        idx = [i for _, i in found]
+        if not isinstance(stack, nn.ModuleList) or idx != list(range(idx[0], idx[0] + len(idx))):
+            return None
+        return [stack[i] for i in idx]
+
+    def layer_output(self, batch: dict[str, torch.Tensor], gates: torch.Tensor, index: int) -> torch.Tensor | None:
+        """What prunable layer ``index`` returns for ``batch`` under ``gates``; the layers after it do not run.
+
+        ``None`` when :meth:`layer_modules` is ``None`` or the layer returns something other than a tensor.
+        """
+        modules = self.layer_modules()
+        if modules is None:
+            return None
+        got: list[Any] = []
+
+        def stop(_module: nn.Module, _args: tuple, output: Any) -> None:
+            got.append(output)
+            raise _StopForward
+
+        handle = modules[index].register_forward_hook(stop)
+        try:
+            with self.gated(gates):
+                self.logits(batch)
+        except _StopForward:
+            pass
+        finally:
+            handle.remove()
+        return got[0] if got and isinstance(got[0], torch.Tensor) else None
+
+    @contextlib.contextmanager
+    def resumed(self, count: int, output: torch.Tensor) -> Iterator[None]:
+        """Inside the block the first ``count`` prunable layers compute nothing: each returns ``output``.
+
+        The model then runs from layer ``count`` on ``output`` (what :meth:`layer_output` gave for
+        layer ``count - 1``, repeated to the batch): the circuit search's masks share their first
+        layers' gates, so those layers run once per batch, not once per mask.
+        """
+        modules = self.layer_modules()
+        if modules is None or not 0 < count <= len(modules):
+            raise ValueError(f"cannot resume this model after {count} of its prunable layers")
+        own = [m.__dict__.get("forward") for m in modules[:count]]
+        for m in modules[:count]:
+            m.forward = lambda *_a, **_k: output  # instance attribute: nn.Module.__call__ calls it
+        try:
+            yield
+        finally:
+            for m, f in zip(modules[:count], own, strict=True):
+                del m.forward
+                if f is not None:
+                    m.forward = f
+
     # ---------------------------------------------------------------- attention
     @contextlib.contextmanager
     def capture_attentions(self) -> Iterator[list[torch.Tensor]]:
@@ -515,3 +587,7 @@ def _owner_of(root: nn.Module, target: nn.Module) -> tuple[nn.Module, str]:
             if child is target:
                 return mod, name
     raise RuntimeError(f"{type(target).__name__} not found under {type(root).__name__}")
+
+
+class _StopForward(Exception):
+    """Raised by :meth:`ModelAdapter.layer_output`'s hook once the layer it reads has run."""

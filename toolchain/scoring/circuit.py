@@ -29,7 +29,11 @@ as per-sample gates ``[K * B, layers, max_heads]`` (``K`` chosen so that ``K * B
 max_batch_size``; a batch larger than that is split by rows); ``"looped"`` runs one forward per
 mask and batch with gates ``[layers, max_heads]`` (the reference). Both feed the same float64
 objective code, so they select the same heads up to float-rounding ties. Cost: ``sum_l (H_l + 1)``
-mask evaluations of the whole calibration set, no gradients.
+mask evaluations of the whole calibration set, no gradients. A step's masks gate the layers below
+``l`` alike (the circuit so far), so those layers run once per batch and each mask runs from layer
+``l`` on (``evaluate_masks(share_prefix=True)``): 38% fewer layer runs on 6 x 12 heads, the same
+logits where a row's result does not depend on its batch's size (bit for bit on the real MiniLM
+search here: the default recipe's score stage 101 s -> 64 s with an identical ``scores.json``).
 
 Under torch.distributed (:mod:`toolchain.distributed`) the forwards of each layer step (the same
 forwards, with the same rows and masks, that one process runs) are dealt round-robin to the
@@ -122,6 +126,7 @@ def evaluate_masks(
     *,
     mode: str = "batched",
     max_batch_size: int = 128,
+    share_prefix: bool = True,
 ) -> torch.Tensor:
     """Logits of every calibration sample under every head mask.
 
@@ -131,6 +136,12 @@ def evaluate_masks(
         masks: ``[K, layers, max_heads]`` gates (1 keep, 0 mask).
         mode: ``"batched"`` (per-sample gates, several masks per forward) or ``"looped"``.
         max_batch_size: most rows in one batched forward.
+        share_prefix: when the K masks agree on the first ``p`` layers (a circuit step at layer
+            ``p``), run those layers once per batch and every mask from layer ``p`` on
+            (:meth:`~toolchain.models.ModelAdapter.resumed`); the same logits as ``False`` where
+            a row's result does not depend on its batch's size (bit for bit on the CPUs we
+            measured), for ``sum_p p / (layers * (H_p + 1))`` fewer layer runs (38% for 6 x 12
+            heads). ``False`` (or a model whose layer stack is unclear) runs every layer per mask.
 
     Returns:
         float64 ``[K, N, classes]`` (samples in calibration order).
@@ -153,17 +164,38 @@ def evaluate_masks(
             k_per = max(1, max_batch_size // (r1 - r0))
             units += [(b, r0, r1, k0, k1) for k0, k1 in _chunks(k_total, k_per)]
 
+    shared = _shared_layers(masks) if share_prefix and k_total > 1 else 0
+    if shared and getattr(adapter, "layer_modules", lambda: None)() is None:
+        shared = 0
+    prefixes: dict[tuple[int, int, int], torch.Tensor | None] = {}  # (batch, row0, row1) -> layer shared-1 output
+
+    def gated(inputs: dict[str, torch.Tensor], gates: torch.Tensor, part: dict[str, torch.Tensor], r: int, k: int,
+              key: tuple[int, int, int]) -> torch.Tensor:
+        """``adapter.gated_logits(inputs, gates)``: ``part`` (``r`` rows) repeated ``k`` times, mask-major.
+
+        With ``shared`` layers, those run once per ``key`` on ``part`` alone (the unit's first mask;
+        every mask gates them alike) and their output, repeated ``k`` times, feeds the rest.
+        """
+        if not shared:
+            return adapter.gated_logits(inputs, gates)
+        if key not in prefixes:
+            prefixes[key] = adapter.layer_output(part, gates if gates.dim() == 2 else gates[:r], shared - 1)
+        out = prefixes[key]
+        if out is None:  # the layer returns something other than one tensor
+            return adapter.gated_logits(inputs, gates)
+        with adapter.resumed(shared, out.repeat(k, *([1] * (out.dim() - 1)))):
+            return adapter.gated_logits(inputs, gates)
+
     def run(u: int) -> torch.Tensor:
         b, r0, r1, k0, k1 = units[u]
         batch, labels = data[b]
         n = int(labels.shape[0])
         if mode == "looped":
-            return adapter.gated_logits(batch, masks[k0]).double()[None]
+            return gated(batch, masks[k0], batch, n, 1, (b, 0, n)).double()[None]
         part = batch if (r0, r1) == (0, n) else subset([(batch, labels)], np.arange(r0, r1))[0][0]
         r, k = r1 - r0, k1 - k0
         gates = masks[k0:k1].repeat_interleave(r, dim=0)  # [k*r, L, H], mask-major
-        logits = adapter.gated_logits(_replicate(part, r, k), gates)
-        return logits.double().reshape(k, r, -1)
+        return gated(_replicate(part, r, k), gates, part, r, k, (b, r0, r1)).double().reshape(k, r, -1)
 
     with torch.no_grad():
         outs = map_shards(len(units), run)
@@ -179,6 +211,13 @@ def evaluate_masks(
             raise RuntimeError(f"evaluate_masks: assembled {tuple(out.shape)} logits for {k_total} masks x {n} rows")
         per_batch.append(out)
     return torch.cat(per_batch, dim=1)
+
+
+def _shared_layers(masks: torch.Tensor) -> int:
+    """How many leading layers every mask of ``masks [K, layers, heads]`` gates alike (at most layers - 1)."""
+    same = (masks == masks[:1]).flatten(2).all(dim=2).all(dim=0)  # [layers]
+    n = int(same.long().cumprod(0).sum())
+    return min(n, int(masks.shape[1]) - 1)
 
 
 def _mask(layers: int, heads: int, masked: list[tuple[int, int]]) -> torch.Tensor:
