@@ -166,3 +166,11 @@ def test_masks_that_differ_in_the_first_layer_share_nothing(bert, make_calib):
     data = as_calibration(make_calib(bert, sizes=(3,)))
     torch.testing.assert_close(evaluate_masks(bert.adapter, data, masks),
                                evaluate_masks(bert.adapter, data, masks, share_prefix=False), rtol=0, atol=0)
+
+
+def test_circuit_scores_are_the_same_with_and_without_the_shared_prefix(tiny, make_calib):
+    calib = make_calib(tiny, sizes=(4, 3))
+    on = circuit_scores(tiny.adapter, calib, n_heads=2)
+    off = circuit_scores(tiny.adapter, calib, n_heads=2, share_prefix=False)
+    assert on.extras["circuit"] == off.extras["circuit"] and on.params == off.params
+    torch.testing.assert_close(on.scores, off.scores, rtol=1e-5, atol=1e-6)

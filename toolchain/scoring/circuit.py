@@ -236,6 +236,7 @@ def circuit_scores(
     task_weight: float = 0.0,
     mode: str = "batched",
     max_batch_size: int = 128,
+    share_prefix: bool = True,
 ) -> HeadScores:
     """Layer-conditioned circuit search; the circuit is expressed as scores (see the module docstring).
 
@@ -249,6 +250,8 @@ def circuit_scores(
             prunable layers do not see the batch's samples).
         max_batch_size: most rows per batched forward (128 suits a 2-core CPU, where a forward
             costs the same per row from 32 to 128 rows and more per row beyond; raise it on a GPU).
+        share_prefix: run the layers a step's masks gate alike once per batch (:func:`evaluate_masks`);
+            the same selection, not recorded in ``params``.
     """
     n_heads = check_int("n_heads", n_heads, lo=1)
     check_choice("objective", objective, OBJECTIVES)
@@ -286,7 +289,8 @@ def circuit_scores(
                 [_mask(n_layers, max_h, circuit)]
                 + [_mask(n_layers, max_h, [*circuit, (l, h)]) for h in range(n_l)]
             )
-            logits = evaluate_masks(adapter, data, masks, mode=used, max_batch_size=max_batch_size)
+            logits = evaluate_masks(adapter, data, masks, mode=used, max_batch_size=max_batch_size,
+                                    share_prefix=share_prefix)
             if l == 0:
                 check_labels(labels, logits.shape[-1], criterion="circuit", allow_ood=True)
             values = [objective_value(objective, logits[k], labels, task_weight) for k in range(len(masks))]
