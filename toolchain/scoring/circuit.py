@@ -215,7 +215,7 @@ def evaluate_masks(
 
 def _shared_layers(masks: torch.Tensor) -> int:
     """How many leading layers every mask of ``masks [K, layers, heads]`` gates alike (at most layers - 1)."""
-    same = (masks == masks[:1]).flatten(2).all(dim=2).all(dim=0)  # [layers]
+    same = (masks == masks[:1]).all(dim=2).all(dim=0)  # [layers]
     n = int(same.long().cumprod(0).sum())
     return min(n, int(masks.shape[1]) - 1)
 
