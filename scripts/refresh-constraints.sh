@@ -6,7 +6,7 @@
 # 1. a fresh virtual environment (.venv-refresh) made by scripts/setup.sh with no constraints:
 #    torch==2.13.0 first (pinned there, as always), then the newest release of every other dependency;
 # 2. its exact versions (pip freeze, without the package itself) go to constraints.new.txt;
-# 3. the full test suite runs in it (default arguments: -x -q -p no:cacheprovider);
+# 3. the full test suite runs in it (default arguments: -x -q -p no:cacheprovider -n 2 --dist worksteal);
 # 4. on a pass, constraints.new.txt replaces constraints.txt (commit it; scripts/setup.sh then
 #    reinstalls .venv with those versions); on a failure constraints.txt stays as it is, and
 #    constraints.new.txt and the diff show what moved. Exit status: the suite's.
@@ -29,7 +29,7 @@ echo "[refresh] $(grep -vc '^#' "$NEW") pinned packages in $NEW; changes against
 diff <(grep -v '^#' constraints.txt 2>/dev/null || true) <(grep -v '^#' "$NEW") || true
 
 ARGS=("$@")
-[ ${#ARGS[@]} -gt 0 ] || ARGS=(-x -q -p no:cacheprovider)
+[ ${#ARGS[@]} -gt 0 ] || ARGS=(-x -q -p no:cacheprovider -n 2 --dist worksteal)
 start=$(date +%s)
 set +e
 "$VENV/bin/python" -m pytest "${ARGS[@]}"

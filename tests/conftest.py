@@ -1,4 +1,4 @@
-"""Test-wide settings: offline hub, deterministic torch, few threads (CI has 2 cores)."""
+"""Test-wide settings: offline hub, deterministic torch, few threads (CI has 2 cores, shared by the xdist workers)."""
 
 import os
 
@@ -9,7 +9,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
-torch.set_num_threads(2)
+#: torch threads per test process: CI's 2 cores, shared out among pytest-xdist workers (``-n``);
+#: a worker's subprocesses (the CLI) get the same share through OMP_NUM_THREADS
+THREADS = max(1, 2 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
+torch.set_num_threads(THREADS)
 
 
 @pytest.fixture(autouse=True)

@@ -88,7 +88,7 @@ def test_the_layers_on_the_architecture_page_are_the_import_contracts():
 
 
 QUICK_START = ["bash scripts/setup.sh && .venv/bin/hydra-toolchain run recipes/minilm-tweets.yaml",
-               "bash scripts/setup.sh && .venv/bin/python -m pytest"]
+               "bash scripts/setup.sh && .venv/bin/python -m pytest -n 2 --dist worksteal"]
 
 
 def test_readme_quick_start_is_what_ci_runs():
