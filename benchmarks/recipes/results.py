@@ -157,12 +157,24 @@ def collect(art: Path, *, recipe: str, profile: str | None, name: str, lowering:
                     "rows": latency.get("throughput", {}).get("rows"),
                     "rows_rounds": latency.get("throughput", {}).get("rounds"),
                     "machine": {"processor": machine.get("processor"), "usable_cores": machine.get("usable_cores"),
-                                "loadavg_start": machine.get("loadavg_start"),
+                                **_cpu(machine), "loadavg_start": machine.get("loadavg_start"),
                                 "loadavg_end": machine.get("loadavg_end")}},
         "parity": parity, "parity_exit_code": verdict.get("exit_code"),
         "parity_skipped": len(verdict.get("skipped", {})),
         "parity_not_gated": sorted(verdict.get("not_gated", {})),
     }
+
+
+def _cpu(machine: dict[str, Any]) -> dict[str, Any]:
+    """The CPU's generation and vector extensions (``cpu_id``, ``vector_isa``) where the bench recorded its flags.
+
+    The brand string alone can name two generations alike (``AMD EPYC``), and latency compares only
+    between machines with the same label (:func:`toolchain.bench.report.vector_isa`).
+    """
+    from toolchain.bench.report import vector_isa
+
+    isa = vector_isa(machine.get("cpu_flags") or [])
+    return {k: v for k, v in (("cpu_id", machine.get("cpu_id")), ("vector_isa", isa)) if v}
 
 
 # ----------------------------------------------------------------------------------------- render
@@ -192,8 +204,9 @@ def headline_table(summary: dict[str, Any]) -> str:
     caption = (f"`{summary['command']}`, then `{summary['results_command']}`. Metrics in PyTorch on the "
                f"recipe's test split ({rows}); latency: batch {lat['batch']}, sequence {lat['sequence']}, "
                f"{lat['threads']} threads, median of {lat['rounds']} interleaved rounds"
-               + (f" on {lat['machine']['processor']} ({lat['machine']['usable_cores']} cores)"
-                  if lat["machine"].get("processor") else "")
+               + (f" on {lat['machine']['processor']} ({lat['machine']['usable_cores']} cores"
+                  + "".join(f", {lat['machine'][k]}" for k in ("cpu_id", "vector_isa") if lat["machine"].get(k))
+                  + ")" if lat["machine"].get("processor") else "")
                + f"; evaluate of {summary['stages'].get('evaluate', {}).get('created', '?')}, "
                f"bench of {summary['stages'].get('bench', {}).get('created', '?')}.")
     if any(value is None for c in cols for value in c["ms"].values()):

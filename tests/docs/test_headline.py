@@ -120,6 +120,21 @@ def test_a_precision_the_bench_asked_for_but_could_not_time_is_a_column_of_dashe
     assert "| OpenVINO BF16 | - | - |" in page and "none built here (no BF16 on this CPU)" in page
 
 
+def test_the_caption_names_the_cpus_generation_and_vector_extensions_where_the_bench_recorded_them(tmp_path):
+    """``AMD EPYC`` is the brand string of a Zen 3 (AVX2) and a Zen 4 (AVX-512 BF16) here: the caption says which."""
+    _artifacts(tmp_path / "art")
+    caption = results.headline_table(results.collect(tmp_path / "art", recipe="recipes/x.yaml", profile=None,
+                                                     name="x", lowering="conv"))
+    assert "on Test CPU (2 cores);" in caption  # no flags recorded (older bench files): the brand string only
+    path = tmp_path / "art" / "bench" / "latency.json"
+    latency = json.loads(path.read_text())
+    latency["machine"] |= {"cpu_id": "x86 family 25 model 1", "cpu_flags": ["avx", "avx2", "fma"]}
+    path.write_text(json.dumps(latency))
+    summary = results.collect(tmp_path / "art", recipe="recipes/x.yaml", profile=None, name="x", lowering="conv")
+    assert summary["latency"]["machine"]["vector_isa"] == "AVX2"
+    assert "on Test CPU (2 cores, x86 family 25 model 1, AVX2);" in results.headline_table(summary)
+
+
 def test_results_script_writes_its_files_and_the_readme_block(tmp_path):
     _artifacts(tmp_path / "artifacts" / "minilm-tweets")
     readme = tmp_path / "README.md"

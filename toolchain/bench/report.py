@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import os
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,47 @@ def _cpu_flags() -> list[str]:
             flags = set(line.split(":", 1)[1].split())
             return sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
     return []
+
+
+def _cpu_id() -> str | None:
+    """``x86 family F model M`` from /proc/cpuinfo; None where the file has no such lines.
+
+    It tells CPU generations apart where the brand string does not: a hypervisor may show
+    ``AMD EPYC`` for a Zen 3 (family 25 model 1) and a Zen 4 (family 25 model 17) alike.
+    """
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        return None
+    fields: dict[str, str] = {}
+    for line in cpuinfo.read_text(errors="replace").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("cpu family", "model") and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+        if not line.strip() and fields:
+            break
+    if "cpu family" not in fields or "model" not in fields:
+        return None
+    return f"x86 family {fields['cpu family']} model {fields['model']}"
+
+
+def vector_isa(flags: Iterable[str]) -> str | None:
+    """The widest x86 vector extension in ``flags`` (/proc/cpuinfo names) and its low-precision parts.
+
+    ``AVX2``, ``AVX-512``, ``AVX-512 BF16``, ``AVX-512 BF16/FP16, AMX BF16/FP16`` ...; None where no
+    flags are known (a non-x86 machine, no /proc). The BF16/FP16 parts decide what OpenVINO's CPU
+    plugin runs in BF16/FP16; the width moves every FP32 kernel, so latency and run times of two
+    machines compare only at the same label.
+    """
+    have = set(flags)
+    if not have:
+        return None
+    if "avx512f" in have:
+        low = [name for flag, name in (("avx512_bf16", "BF16"), ("avx512_fp16", "FP16")) if flag in have]
+        label = "AVX-512" + (f" {'/'.join(low)}" if low else "")
+    else:
+        label = next((name for flag, name in (("avx2", "AVX2"), ("avx", "AVX")) if flag in have), "no AVX")
+    amx = [name for flag, name in (("amx_bf16", "BF16"), ("amx_fp16", "FP16")) if flag in have]
+    return label + (f", AMX {'/'.join(amx)}" if amx else "")
 
 
 def _memory_total() -> int | None:
@@ -74,6 +115,7 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
         "system": f"{platform.system()} {platform.release()}",
         "logical_cores": os.cpu_count(),
         "usable_cores": affinity,
+        "cpu_id": _cpu_id(),
         "cpu_flags": _cpu_flags(),
         "memory_bytes": _memory_total(),
         "threads": threads,
@@ -93,7 +135,9 @@ def machine_line(machine: Mapping[str, Any]) -> str:
     v = machine.get("versions", {})
     libs = ", ".join(f"{k} {v[k]}" for k in ("onnxruntime", "openvino", "torch", "numpy", "onnx") if k in v)
     load = machine.get("loadavg_start")
-    return (f"{machine.get('processor')}, {machine.get('usable_cores')} usable cores, "
+    isa = vector_isa(machine.get("cpu_flags") or [])
+    cpu = ", ".join(str(x) for x in (machine.get("cpu_id"), isa) if x)
+    return (f"{machine.get('processor')}{f' ({cpu})' if cpu else ''}, {machine.get('usable_cores')} usable cores, "
             f"{machine.get('threads')} threads; {libs}; load average at start {load}, "
             f"at end {machine.get('loadavg_end')}")
 
