@@ -166,7 +166,7 @@ def collect(art: Path, *, recipe: str, profile: str | None, name: str, lowering:
 
 
 def _cpu(machine: dict[str, Any]) -> dict[str, Any]:
-    """The CPU's generation and vector extensions (``cpu_id``, ``vector_isa``) where the bench recorded its flags.
+    """The CPU's generation and vector extensions (``cpu_id``, ``vector_isa``), each where the bench recorded it.
 
     The brand string alone can name two generations alike (``AMD EPYC``), and latency compares only
     between machines with the same label (:func:`toolchain.bench.report.vector_isa`).

@@ -24,40 +24,40 @@ _LIBRARIES = ("onnxruntime", "onnxruntime-gpu", "openvino", "onnx", "torch", "nu
 
 # ---------------------------------------------------------------------------------- machine
 def _cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
+    for line in _cpuinfo().splitlines():
+        if line.lower().startswith("model name"):
+            return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:  # no /proc (not Linux) or not readable
+        return ""
+
+
 def _cpu_flags() -> list[str]:
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.is_file():
-        return []
-    for line in cpuinfo.read_text(errors="replace").splitlines():
+    """The vector-extension flags of /proc/cpuinfo (SSE, AVX, AMX, FMA, F16C); [] where it has none."""
+    for line in _cpuinfo().splitlines():
         if line.startswith("flags"):
             flags = set(line.split(":", 1)[1].split())
-            return sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
+            return sorted(f for f in flags if f.startswith(("sse", "ssse", "avx", "amx", "fma", "f16c")))
     return []
 
 
-def _cpu_id() -> str | None:
-    """``x86 family F model M`` from /proc/cpuinfo; None where the file has no such lines.
+def cpu_id(cpuinfo: str) -> str | None:
+    """``x86 family F model M`` from the text of /proc/cpuinfo; None where it has no such lines (not x86).
 
     It tells CPU generations apart where the brand string does not: a hypervisor may show
     ``AMD EPYC`` for a Zen 3 (family 25 model 1) and a Zen 4 (family 25 model 17) alike.
     """
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.is_file():
-        return None
     fields: dict[str, str] = {}
-    for line in cpuinfo.read_text(errors="replace").splitlines():
+    for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("cpu family", "model") and key.strip() not in fields:
             fields[key.strip()] = value.strip()
-        if not line.strip() and fields:
+        if not line.strip() and fields:  # the first processor's block is enough
             break
     if "cpu family" not in fields or "model" not in fields:
         return None
@@ -67,10 +67,10 @@ def _cpu_id() -> str | None:
 def vector_isa(flags: Iterable[str]) -> str | None:
     """The widest x86 vector extension in ``flags`` (/proc/cpuinfo names) and its low-precision parts.
 
-    ``AVX2``, ``AVX-512``, ``AVX-512 BF16``, ``AVX-512 BF16/FP16, AMX BF16/FP16`` ...; None where no
-    flags are known (a non-x86 machine, no /proc). The BF16/FP16 parts decide what OpenVINO's CPU
-    plugin runs in BF16/FP16; the width moves every FP32 kernel, so latency and run times of two
-    machines compare only at the same label.
+    ``AVX2``, ``AVX-512``, ``AVX-512 BF16``, ``AVX-512 BF16/FP16, AMX BF16/FP16`` ..., ``no AVX`` (an
+    x86 CPU with SSE only); None where no flags are known (a non-x86 machine, no /proc). The
+    BF16/FP16 parts decide what OpenVINO's CPU plugin runs in BF16/FP16; the width moves every FP32
+    kernel, so latency and run times of two machines compare only at the same label.
     """
     have = set(flags)
     if not have:
@@ -115,7 +115,7 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
         "system": f"{platform.system()} {platform.release()}",
         "logical_cores": os.cpu_count(),
         "usable_cores": affinity,
-        "cpu_id": _cpu_id(),
+        "cpu_id": cpu_id(_cpuinfo()),
         "cpu_flags": _cpu_flags(),
         "memory_bytes": _memory_total(),
         "threads": threads,
