@@ -23,8 +23,8 @@ _LIBRARIES = ("onnxruntime", "onnxruntime-gpu", "openvino", "onnx", "torch", "nu
 
 
 # ---------------------------------------------------------------------------------- machine
-def _cpu_model() -> str:
-    for line in _cpuinfo().splitlines():
+def _cpu_model(cpuinfo: str) -> str:
+    for line in cpuinfo.splitlines():
         if line.lower().startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
@@ -37,9 +37,9 @@ def _cpuinfo() -> str:
         return ""
 
 
-def _cpu_flags() -> list[str]:
-    """The vector-extension flags of /proc/cpuinfo (SSE, AVX, AMX, FMA, F16C); [] where it has none."""
-    for line in _cpuinfo().splitlines():
+def _cpu_flags(cpuinfo: str) -> list[str]:
+    """The vector-extension flags of /proc/cpuinfo's text (SSE, AVX, AMX, FMA, F16C); [] where it has none."""
+    for line in cpuinfo.splitlines():
         if line.startswith("flags"):
             flags = set(line.split(":", 1)[1].split())
             return sorted(f for f in flags if f.startswith(("sse", "ssse", "avx", "amx", "fma", "f16c")))
@@ -109,14 +109,15 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
+    cpuinfo = _cpuinfo()  # read once: model name, family/model and flags
     info: dict[str, Any] = {
-        "processor": _cpu_model(),
+        "processor": _cpu_model(cpuinfo),
         "machine": platform.machine(),
         "system": f"{platform.system()} {platform.release()}",
         "logical_cores": os.cpu_count(),
         "usable_cores": affinity,
-        "cpu_id": cpu_id(_cpuinfo()),
-        "cpu_flags": _cpu_flags(),
+        "cpu_id": cpu_id(cpuinfo),
+        "cpu_flags": _cpu_flags(cpuinfo),
         "memory_bytes": _memory_total(),
         "threads": threads,
         "loadavg_start": load,
