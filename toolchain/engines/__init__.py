@@ -20,6 +20,7 @@ from toolchain.engines.registry import (
     kinds_for_suffix,
     known_suffixes,
     make_runner,
+    ran_lower,
     read_built,
     read_unavailable,
     reference_kind,
@@ -36,7 +37,7 @@ from toolchain.engines.registry import (
 __all__ = [
     "EngineKind", "EngineUnavailable", "Runner", "ShapeLimits", "TensorSpec", "build_plan", "candidate_label",
     "check_feed", "clock_of", "default_engines", "engine_kind", "engine_kinds", "entries_for", "kinds_for_suffix",
-    "known_suffixes", "make_runner", "read_built", "read_unavailable", "reference_kind", "register_kind",
+    "known_suffixes", "make_runner", "ran_lower", "read_built", "read_unavailable", "reference_kind", "register_kind",
     "register_runner", "resolve_kind", "runner_for", "runner_kinds", "selectable_kinds", "split_label",
     "thread_scope",
 ]

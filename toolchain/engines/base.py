@@ -14,6 +14,12 @@ the context manager and every input check, so all backends reject bad feeds with
 * a dim outside the runner's limits (``max_batch``, or a TensorRT profile's min/max).
 
 Every problem in a feed is collected and reported in one message.
+
+A text feed shorter than an engine profile's minimum sequence (a 7-token batch against a profile
+of 8..128) is padded up to it before the checks (:func:`pad_to_profile`): with token id 0 and
+``attention_mask`` 0, which leaves every real position's result as it was for an encoder (the
+added keys are masked), and the outputs' padded sequence axes are cut back. A feed without an
+``attention_mask`` is not padded, and the message says why.
 """
 
 from __future__ import annotations
@@ -116,6 +122,104 @@ def check_feed(
                         + ".")
 
 
+#: the input that marks padding (Hugging Face's name): a feed is padded up to a profile's minimum only when it has one
+MASK_INPUT = "attention_mask"
+
+#: axis -> (size given, size padded to)
+Padding = dict[int, tuple[int, int]]
+
+
+def pad_to_profile(feed: Mapping[str, object], limits: Mapping[str, ShapeLimits], *,
+                   outputs_known: bool = True, neutral: bool = True) -> tuple[dict[str, object], Padding, str | None]:
+    """Pad sequences shorter than the profile's minimum: ``(feed, padding, why not)``.
+
+    Axes after the batch whose size is under ``limits``' minimum are padded at the end with 0
+    (token id 0, ``attention_mask`` 0), when the feed has an ``attention_mask`` input padded on the
+    same axes, every padded input holds integers, and the inputs agree on the axis's size. Otherwise
+    the feed is returned as given with the reason (``check_feed`` then reports the short axis).
+
+    Args:
+        feed: input name -> array.
+        limits: input name -> :class:`ShapeLimits` (an engine's profile).
+        outputs_known: the runner can tell its outputs' dynamic axes (to cut the padding back).
+        neutral: padding at the end (mask 0) leaves the graph's result unchanged: a graph exported by
+            this toolchain, whose families pool by the mask, the first token or the EOT token's argmax
+            (its engines' sidecars say so, :func:`toolchain.engines.source.pads_neutral`). A graph from
+            elsewhere may pool at the last non-pad token id (Hugging Face decoder classifiers), and is
+            not padded.
+    """
+    short: dict[str, dict[int, int]] = {}
+    for name, value in feed.items():
+        bounds = limits.get(name)
+        if bounds is None or not isinstance(value, np.ndarray) or len(bounds.min_shape) != value.ndim:
+            continue
+        for axis in range(1, value.ndim):
+            if value.shape[axis] < bounds.min_shape[axis]:
+                short.setdefault(name, {})[axis] = int(bounds.min_shape[axis])
+    if not short:
+        return dict(feed), {}, None
+    if not neutral:
+        return dict(feed), {}, ("the engine's source graph was not exported by hydra-toolchain, so padding may change "
+                                "its result (a classifier that pools at the last non-pad token); rebuild it with a "
+                                "smaller sequence minimum (--seq MIN:OPT:MAX) or feed longer rows")
+    padding: Padding = {}
+    problems = []
+    for name, axes in sorted(short.items()):
+        value = feed[name]
+        assert isinstance(value, np.ndarray)
+        if value.dtype.kind not in "iub":
+            problems.append(f"input '{name}' holds {value.dtype}, not token ids or a mask")
+        for axis, low in axes.items():
+            size, padded = padding.get(axis, (value.shape[axis], low))
+            if size != value.shape[axis]:
+                problems.append(f"the inputs differ in length on axis {axis}")
+            padding[axis] = (size, max(padded, low))
+    if MASK_INPUT not in feed:
+        problems.append(f"the feed has no '{MASK_INPUT}' input to mark added positions as padding, so padding would "
+                        "change the result")
+    elif set(short.get(MASK_INPUT, {})) != set(padding):
+        problems.append(f"'{MASK_INPUT}' is not short on the same axes as the other inputs")
+    if not outputs_known:
+        problems.append("this runner cannot tell which output axes to cut the padding back from")
+    if problems:
+        return dict(feed), {}, "; ".join(dict.fromkeys(problems))
+    out = dict(feed)
+    for name, axes in short.items():
+        value = feed[name]
+        assert isinstance(value, np.ndarray)
+        widths = [(0, padding[a][1] - value.shape[a]) if a in axes else (0, 0) for a in range(value.ndim)]
+        out[name] = np.pad(value, widths, constant_values=0)
+    return out, padding, None
+
+
+def unpad_outputs(outputs: Mapping[str, np.ndarray], padding: Padding,
+                  output_dims: Mapping[str, Sequence[int | None]]) -> dict[str, np.ndarray]:
+    """Cut :func:`pad_to_profile`'s padding back from the outputs.
+
+    An output axis after the first that is dynamic (None in ``output_dims``) and has a padded
+    axis's padded size is cut back to that axis's given size; static axes (class counts) are kept.
+    """
+    back = {padded: size for size, padded in padding.values()}
+    out = {}
+    for name, value in outputs.items():
+        dims = list(output_dims.get(name) or [])
+        index = tuple(slice(0, back[n]) if 0 < a < len(dims) and dims[a] is None and n in back else slice(None)
+                      for a, n in enumerate(value.shape))
+        out[name] = value[index]
+    return out
+
+
+def check_feed_why(feed: Mapping[str, object], specs: Mapping[str, TensorSpec], why: str | None,
+                   **kw: Any) -> None:
+    """:func:`check_feed`, its message saying why a short feed was not padded (``why`` from :func:`pad_to_profile`)."""
+    try:
+        check_feed(feed, specs, **kw)
+    except FeedError as exc:
+        if why is None:
+            raise
+        raise FeedError(exc.message.rstrip(".") + f" (not padded up to the profile minimum: {why}).") from None
+
+
 def recorded_specs(
     profile: Mapping[str, Sequence[Sequence[int]]], inputs: Mapping[str, Mapping[str, Any]]
 ) -> tuple[dict[str, TensorSpec], dict[str, ShapeLimits], bool]:
@@ -184,6 +288,18 @@ class Runner(abc.ABC):
     def _shape_limits(self) -> dict[str, ShapeLimits]:
         """Per-input axis bounds (TensorRT profiles); none by default."""
         return {}
+
+    def _output_dims(self) -> dict[str, tuple[int | None, ...]] | None:
+        """Output name -> dims (None where dynamic), to cut a padded feed's outputs back; None: not known.
+
+        Kinds with a profile minimum (OpenVINO, TensorRT) say it, so short text feeds are padded
+        (:func:`pad_to_profile`); the default (None) never pads.
+        """
+        return None
+
+    def _pads_neutral(self) -> bool:
+        """Padding a short feed leaves the result unchanged (:func:`pad_to_profile`); unknown: no."""
+        return False
 
     def engine_info(self) -> dict[str, Any]:
         """What the engine really is, read back from it once active: ``{}`` when the kind has nothing to add.
@@ -261,8 +377,15 @@ class Runner(abc.ABC):
             Output name -> numpy array, e.g. ``logits`` float32 ``[B, K]``.
         """
         self._require_active("infer()")
-        check_feed(feed, self.input_specs(), limits=self._shape_limits(), max_batch=self.max_batch, runner=self.name)
-        return self._infer_impl(dict(feed))
+        limits = self._shape_limits()
+        dims = self._output_dims() if limits else None
+        padded, padding, why = pad_to_profile(feed, limits, outputs_known=dims is not None,
+                                              neutral=bool(limits) and self._pads_neutral())
+        check_feed_why(padded, self.input_specs(), why, limits=limits, max_batch=self.max_batch, runner=self.name)
+        if padding:
+            log.debug("%s: padded %s up to the profile minimum", self.name, padding)
+        outputs = self._infer_impl(dict(padded))  # type: ignore[arg-type]  # checked: numpy arrays
+        return unpad_outputs(outputs, padding, dims or {}) if padding else outputs
 
     def __repr__(self) -> str:
         state = "active" if self._active else "inactive"

@@ -122,19 +122,19 @@ def onnx_value_limits(path: Path) -> dict[str, ValueLimits]:
     return graph_value_limits(load_checked(Path(path), load_weights=False, check=False))
 
 
-def engine_value_limits(engine_path: Path, onnx_file: str, onnx_sha256: str) -> dict[str, ValueLimits]:
-    """The limits of the ONNX graph a TensorRT engine was built from, when that file is at hand.
+def engine_value_limits(engine_path: Path, onnx_file: str, onnx_sha256: str,
+                        recorded_path: str = "") -> dict[str, ValueLimits]:
+    """The limits of the ONNX graph an engine file was built from, when that file is at hand.
 
-    The graph named in the sidecar is looked for next to the engine and in the artifacts'
-    ``export`` folder; it is used only when its sha256 is the one the sidecar recorded. Not found:
-    no limits (the engine's profile still bounds the shapes).
+    The graph named in the sidecar is looked for where :func:`toolchain.engines.source.source_candidates`
+    looks (next to the engine, the artifacts' ``export`` folder, the path it was built from); it is
+    used only when its sha256 is the one the sidecar recorded. Not found: no limits (the engine's
+    profile still bounds the shapes; a stale file is refused when it is loaded).
     """
-    from toolchain.artifacts import sha256_file
+    from toolchain.engines.source import file_digest, source_candidates
 
-    engine_path = Path(engine_path)
-    for folder in (engine_path.parent, engine_path.parent.parent / "export"):
-        candidate = folder / Path(onnx_file).name
-        if candidate.is_file() and sha256_file(candidate) == onnx_sha256:
+    for candidate in source_candidates(Path(engine_path), onnx_file, recorded_path):
+        if candidate.is_file() and file_digest(candidate) == onnx_sha256:
             return onnx_value_limits(candidate)
     return {}
 

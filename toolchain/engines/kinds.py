@@ -74,17 +74,26 @@ def _torch_entry(entry: Entry, args: EntryArgs) -> Runner:
                   output_names=list(entry.get("outputs") or []) or None, name=args.name)
 
 
+def _source_of(entry: Entry, args: EntryArgs) -> Path | None:
+    """The graph an engine entry was built from (``onnx``: in the export folder, or an absolute path given with it)."""
+    onnx = entry.get("onnx")
+    if not onnx or (args.export_dir is None and not Path(onnx).is_absolute()):
+        return None  # a bare name without its folder is no graph at hand
+    return _entry_path(args.export_dir, onnx)
+
+
 def _tensorrt_entry(entry: Entry, args: EntryArgs) -> Runner:
     if "engine" not in entry:
         raise EngineUnavailable("no TensorRT engine built for this graph")
-    return _tensorrt(engine_path=_entry_path(args.build_dir, entry["engine"]), name=args.name)
+    return _tensorrt(engine_path=_entry_path(args.build_dir, entry["engine"]), onnx_path=_source_of(entry, args),
+                     name=args.name)
 
 
 def _openvino_entry(entry: Entry, args: EntryArgs) -> Runner:
     """A compiled file (``engine``, from the build stage) or, failing that, the graph compiled at its ``precision``."""
     if "engine" in entry:
         return _openvino_cpu(engine_path=_entry_path(args.build_dir, entry["engine"]), threads=args.threads,
-                             name=args.name)
+                             name=args.name, source=_source_of(entry, args))
     return _openvino_cpu(onnx_path=_entry_path(args.export_dir, entry["path"]),
                          precision=entry.get("precision", "fp32"), threads=args.threads, name=args.name)
 
@@ -113,7 +122,8 @@ def _inspect_engine(path: Path) -> tuple[dict[str, Any], Any]:
     from toolchain.engines.tensorrt import feed_specs, read_sidecar
 
     sidecar = read_sidecar(path)  # missing or malformed: a clear error; it describes the inputs
-    return feed_specs(sidecar)[0], engine_value_limits(path, sidecar.onnx_file, sidecar.onnx_sha256)
+    return feed_specs(sidecar)[0], engine_value_limits(path, sidecar.onnx_file, sidecar.onnx_sha256,
+                                                       sidecar.onnx_path)
 
 
 def _inspect_openvino(path: Path) -> tuple[dict[str, Any], Any]:
@@ -122,8 +132,30 @@ def _inspect_openvino(path: Path) -> tuple[dict[str, Any], Any]:
     from toolchain.engines.openvino import read_sidecar
 
     sidecar = read_sidecar(path)  # missing or malformed: a clear error; it describes the inputs
-    return recorded_specs(sidecar.profile, sidecar.inputs)[0], engine_value_limits(path, sidecar.onnx_file,
-                                                                                    sidecar.onnx_sha256)
+    return recorded_specs(sidecar.profile, sidecar.inputs)[0], engine_value_limits(
+        path, sidecar.onnx_file, sidecar.onnx_sha256, sidecar.onnx_path)
+
+
+def _with_source(path: Path, description: dict[str, Any]) -> dict[str, Any]:
+    """``source`` (is the graph at hand, current or stale) and ``rebuild`` (the command) added to a description."""
+    from toolchain.engines.source import rebuild_command, source_status
+
+    d = description
+    source = source_status(path, d["onnx_file"], d["onnx_sha256"], d["onnx_path"])
+    graph = source["graph"] or d["onnx_path"] or d["onnx_file"]
+    return {**d, "source": source, "rebuild": rebuild_command(graph, path, d["kind"], d["precision"], d["profile"])}
+
+
+def _describe_engine(path: Path) -> dict[str, Any]:
+    from toolchain.engines.tensorrt import read_sidecar
+
+    return _with_source(path, read_sidecar(path).describe())
+
+
+def _describe_openvino(path: Path) -> dict[str, Any]:
+    from toolchain.engines.openvino import read_sidecar
+
+    return _with_source(path, read_sidecar(path).describe())
 
 
 def _build_openvino(onnx_path: Path, out_path: Path, **kw: Any) -> Path:
@@ -168,9 +200,9 @@ TENSORRT = register_kind(EngineKind(
     "tensorrt", _tensorrt, _tensorrt_entry, suffixes=(".engine", ".plan", ".trt"), file_label="engine",
     runtime="TensorRT", gpu=True, clock="cuda-event", needs_build=True, builder=_build_tensorrt,
     build_filter=lambda g: g.get("kind") == "hydra" and g.get("lowering") == "conv",  # TensorRT wants grouped Conv
-    inspect_file=_inspect_engine))
+    inspect_file=_inspect_engine, describe=_describe_engine))
 OPENVINO_CPU = register_kind(EngineKind(  # real BF16/FP16 on CPUs that have it; compiles FP32 graphs at a precision
     "openvino-cpu", _openvino_cpu, _openvino_entry, suffixes=(".blob",), file_label="OpenVINO compiled model",
     runtime="OpenVINO", needs_build=True, builder=_build_openvino, precision_from="build",
     build_filter=lambda g: g.get("precision", "fp32") == "fp32", available=_openvino_unavailable,
-    inspect_file=_inspect_openvino))
+    inspect_file=_inspect_openvino, describe=_describe_openvino))

@@ -92,6 +92,16 @@ class EngineKind:
         thread_scope: ``threads -> context manager`` around a benchmark of its runners (torch's
             global thread pool).
         inspect_file: ``path -> (input specs known before loading, value limits)`` for ``infer``.
+        describe: ``path -> dict``: what a compiled file's build record (its sidecar) says, in keys
+            every kind fills: ``kind``, ``precision`` (asked for), ``ran_precision`` (read back from
+            the compiled model; None when the kind does not read it back), ``runtime``, ``device``,
+            ``onnx_file``, ``onnx_sha256``, ``onnx_path``, ``profile``, ``layers`` (layer type ->
+            precision -> count; may be empty), ``kept_fp32``, ``built_at``, ``notes``, ``source``
+            (:func:`toolchain.engines.source.source_status`: is its source graph at hand, current
+            or stale), ``rebuild`` (the command that rebuilds the file) and ``sidecar`` (the record
+            as written). EngineError (exit 2) when the record
+            is missing or malformed. Callers read a compiled file through this, never by a kind's
+            field names.
     """
 
     name: str
@@ -116,6 +126,7 @@ class EngineKind:
     rescuable: bool = False
     thread_scope: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None
     inspect_file: Callable[[Path], tuple[dict[str, Any], Any]] | None = None
+    describe: Callable[[Path], dict[str, Any]] | None = None
 
     @property
     def suffix(self) -> str | None:
@@ -306,6 +317,20 @@ def clock_of(kind: str) -> Clock | None:
     """``"wall"`` or ``"cuda-event"`` for a registered kind; None for an unregistered one."""
     spec = _REGISTRY.get(kind)
     return spec.clock if spec is not None else None
+
+
+#: mantissa bits per precision: fewer bits is a lower precision (BF16 7 < FP16 10 < FP32 23)
+MANTISSA_BITS = {"fp32": 23, "fp16": 10, "bf16": 7}
+
+
+def ran_lower(asked: str, ran: str) -> bool:
+    """Whether an engine ran in a lower precision (fewer mantissa bits) than it was asked for.
+
+    ``ran_lower("fp32", "bf16")`` and ``ran_lower("fp16", "bf16")`` are True (BF16 has 7 mantissa
+    bits, FP16 10); ``ran_lower("bf16", "fp32")`` is False (a layer kept in a higher precision).
+    An unknown name is never lower.
+    """
+    return MANTISSA_BITS.get(ran, 99) < MANTISSA_BITS.get(asked, 0)
 
 
 def candidate_label(kind: str, graph: str) -> str:

@@ -19,7 +19,6 @@ from ``--batch`` / ``--seq`` (:func:`file_profile`); ``export SRC -o OUT --engin
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,13 +28,11 @@ from toolchain.errors import GraphError, MissingDependencyError, ToolchainError
 Profile = dict[str, tuple]
 
 
-def _ran_precision(engine: Path) -> str | None:
-    """The precision a built engine's sidecar says its layers really ran in (sidecars may record it)."""
-    sidecar = engine.with_name(engine.name + ".json")
-    try:
-        return json.loads(sidecar.read_text()).get("ran_precision")
-    except (OSError, ValueError, AttributeError):
+def _ran_precision(spec: Any, engine: Path) -> str | None:
+    """The precision a built engine's layers really ran in, as its kind describes the file (None: not read back)."""
+    if spec.describe is None:
         return None
+    return spec.describe(engine).get("ran_precision")
 
 
 def build_engines(
@@ -87,7 +84,7 @@ def build_engines(
                 record = {"skipped": str(exc)}
                 say(f"{kind} skipped: {exc}")
                 break
-            ran = _ran_precision(path)
+            ran = _ran_precision(spec, path)
             entry = {"engine": path.name, "precision": precision, "onnx": Path(g["path"]).name, "graph": gname,
                      **{k: g[k] for k in ("kind", "lowering", "inputs", "outputs") if k in g}}
             if ran is not None:

@@ -4,15 +4,16 @@
   operator histogram, grouped convolutions, weight bytes, and for an FP16/BF16 graph its FP32
   islands (nodes that compute in float32: the precision pass kept them there);
 * an engine file (a suffix an engine kind registers: a TensorRT plan, an OpenVINO compiled model):
-  its kind, size, its sidecar (runtime version, device, the precision asked for and, where the kind
-  reads it back, the precision its layers ran in) and the inputs its kind records (no GPU needed);
+  its kind, size, what its kind's ``describe`` hook reads from its sidecar (runtime version,
+  device, the precision asked for and, where the kind reads it back, the precision its layers ran
+  in; whether its source graph is at hand and current or stale) and the inputs its kind records
+  (no GPU needed);
 * a Hydra folder (``hydra_config.json``): members, kept heads per layer and member, lowering,
   MLP/LayerNorm/head modes, parameters against the single model and the deep ensemble.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -42,26 +43,27 @@ def _inspect_graph(path: Path) -> dict[str, Any]:
 
 
 def _inspect_engine(path: Path, kind: Any) -> dict[str, Any]:
-    """An engine file of ``kind`` (from the registry, by suffix): its size and the inputs its kind records."""
+    """An engine file of ``kind`` (from the registry, by suffix): its size, its kind's description, its inputs."""
     import dataclasses
 
     from toolchain.errors import ToolchainError
 
     info: dict[str, Any] = {"kind": "engine", "engine_kind": kind.name, "file": path.name,
                             "file_bytes": path.stat().st_size}
-    sidecar = path.with_name(path.name + ".json")  # every engine kind writes its build record there
-    try:
-        record = json.loads(sidecar.read_text(encoding="utf-8"))
-        if isinstance(record, dict):
-            info["sidecar"] = record
-    except (OSError, ValueError):
-        pass
+    if kind.describe is not None:
+        try:
+            described = dict(kind.describe(path))
+        except ToolchainError as exc:  # a missing or malformed sidecar: said (by inspect_file too), the rest shown
+            info["note"] = f"build record unreadable: {exc}"
+        else:
+            info["sidecar"] = described.pop("sidecar", {})  # the record as written, for --json
+            info["build"] = described
     if kind.inspect_file is None:
         return info
     try:
         specs, _limits = kind.inspect_file(path)
     except ToolchainError as exc:
-        info["note"] = f"inputs unknown: {exc}"
+        info["note"] = f"inputs unknown: {exc}"  # the same record: one note
         return info
     info["inputs"] = {name: (dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else str(spec))
                       for name, spec in specs.items()}
@@ -123,18 +125,21 @@ def format_inspection(info: dict[str, Any]) -> str:
         return "\n".join(lines)
     if info["kind"] == "engine":
         lines = [f"{info['engine_kind']} engine {info['file']}: {info['file_bytes']:,} bytes"]
-        record = info.get("sidecar", {})
-        if record:
-            ran = record.get("ran_precision")
-            runtime = next((f"{k.removesuffix('_version')} {v}" for k, v in record.items()
-                            if k.endswith("_version") and isinstance(v, str)), "")
-            device = record.get("device_name") or record.get("gpu_name") or ""
-            lines.append(f"  built from {record.get('onnx_file')} with {runtime} on {device}: precision "
-                         f"{record.get('precision')}" + (f", ran {ran}" if ran else "")
-                         + (f" ({record.get('kept_fp32')} matrix layer(s) kept in fp32)" if record.get("kept_fp32")
+        build = info.get("build", {})
+        if build:
+            ran = build.get("ran_precision")
+            lines.append(f"  built from {build.get('onnx_file')} with {build.get('runtime')} on {build.get('device')}: "
+                         f"precision {build.get('precision')}" + (f", ran {ran}" if ran else "")
+                         + (f" ({build.get('kept_fp32')} matrix layer(s) kept in fp32)" if build.get("kept_fp32")
                             else ""))
+            source = build.get("source") or {}
+            if source.get("status") == "stale":
+                lines.append(f"  STALE: its source graph {source.get('graph')} has sha256 {source.get('sha256')}, "
+                             f"it was built from {build.get('onnx_sha256')}; rebuild it: {build.get('rebuild')}")
+            elif source.get("status") == "current":
+                lines.append(f"  source graph {source.get('graph')}: current (sha256 matches)")
             compute = {k: {p: n for p, n in v.items() if p in ("fp32", "fp16", "bf16")}
-                       for k, v in (record.get("layers") or {}).items() if k not in _PLUMBING}
+                       for k, v in (build.get("layers") or {}).items() if k not in _PLUMBING}
             compute = {k: v for k, v in compute.items() if v}
             if compute:
                 lines.append("  layers ran in: " + ", ".join(f"{k} " + "/".join(f"{p} {n}" for p, n in v.items())

@@ -12,7 +12,9 @@ P[,P]``; :func:`targets_for` turns the files and both lists into :class:`Target`
   graph's own when none), compiled when the runner is activated; a precision this machine
   lacks (a CPU without BF16) is skipped with the kind's reason;
 * an engine file (``.engine``, ``.blob``): the kind that owns its suffix, at the precision it was
-  built for (its sidecar or its name; ``--precision`` when neither says).
+  built for (what its kind's ``describe`` hook reads from its sidecar, or its name; ``--precision``
+  when neither says). An ``.onnx`` file on the same command line with the name its record gives is
+  its source graph: loading it refuses a file built from another version of that graph (exit 2).
 
 Labels are ``<kind>:<file name>`` and, for compiled graphs, ``<kind>:<file name>@<precision>``.
 """
@@ -93,15 +95,9 @@ def _graph_facts(path: Path) -> tuple[str, list[str], list[str]]:
     return precision, [e["name"] for e in summary["inputs"]], [e["name"] for e in summary["outputs"]]
 
 
-def _engine_precision(path: Path, given: Sequence[str] | None) -> str:
+def _engine_precision(path: Path, description: dict[str, Any], given: Sequence[str] | None) -> str:
     """An engine file's precision: its sidecar's, else its name's (``x.fp16.engine``), else the one ``--precision``."""
-    import json
-
-    sidecar = path.with_name(path.name + ".json")
-    try:
-        recorded = json.loads(sidecar.read_text()).get("precision")
-    except (OSError, ValueError, AttributeError):
-        recorded = None
+    recorded = description.get("precision")
     if recorded in PRECISIONS:
         return str(recorded)
     named = [p for p in PRECISIONS if p in path.name.split(".")]
@@ -111,6 +107,23 @@ def _engine_precision(path: Path, given: Sequence[str] | None) -> str:
         return given[0]
     raise ToolchainError(f"cannot tell the precision of '{path}' from its sidecar or name; pass --precision "
                          "fp32|fp16|bf16 (one).")
+
+
+def _describe(spec: Any, path: Path) -> dict[str, Any]:
+    """What ``spec``'s hook says about a compiled file (empty when the kind has none or the record is unreadable)."""
+    if spec.describe is None:
+        return {}
+    try:
+        return dict(spec.describe(path))
+    except ToolchainError:  # a missing or malformed sidecar: the name or --precision decides; loading says why
+        return {}
+
+
+def _given_source(description: dict[str, Any], paths: Sequence[str | Path]) -> Path | None:
+    """The ``.onnx`` file among ``paths`` that an engine file's record names as its source graph, if one is."""
+    name = Path(str(description.get("onnx_file") or "")).name
+    given = [Path(p) for p in paths if Path(p).suffix.lower() == ".onnx" and Path(p).name == name and Path(p).is_file()]
+    return given[0] if name and len(given) == 1 else None
 
 
 def targets_for(paths: Sequence[str | Path], engines: Sequence[str] | None = None,
@@ -144,11 +157,15 @@ def targets_for(paths: Sequence[str | Path], engines: Sequence[str] | None = Non
             if engines and kind not in engines:
                 raise ToolchainError(f"'{path.name}' is an {engine_kind(kind).file_label}, which {kind} runs; "
                                      f"--engine {','.join(engines)} does not include it.")
-            precision = _engine_precision(path, precisions)
             spec = engine_kind(kind)
+            description = _describe(spec, path)
+            precision = _engine_precision(path, description, precisions)
             specs = spec.inspect_file(path)[0] if spec.inspect_file is not None else {}
-            targets.append(Target(candidate_label(kind, path.name), kind, precision, path,
-                                  {"engine": str(path), "path": str(path), "precision": precision}, list(specs)))
+            entry = {"engine": str(path), "path": str(path), "precision": precision}
+            source = _given_source(description, paths)
+            if source is not None:  # its graph, given on the same command line: the file must be built from it
+                entry["onnx"] = str(source.resolve())
+            targets.append(Target(candidate_label(kind, path.name), kind, precision, path, entry, list(specs)))
             continue
         graph_precision, inputs, outputs = _graph_facts(path)
         for kind in engines or [default_kind()]:

@@ -28,6 +28,7 @@ from typing import Any
 from toolchain.artifacts import atomic_write_bytes, atomic_write_json, sha256_file
 from toolchain.engines.openvino._deps import OV_TYPES, core, import_openvino, require_precision
 from toolchain.engines.openvino.sidecar import OvSidecar, sidecar_path
+from toolchain.engines.source import pads_neutral
 from toolchain.errors import EngineError, GraphError
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ def build_ov_engine(
         ran_precision=ran, layers=layers, kept_fp32=kept, config=precision_config(precision),
         profile=_profile_lists(profile), inputs=inputs, onnx_file=onnx_path.name,
         onnx_sha256=sha256_file(onnx_path), built_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        notes=notes,
+        notes=notes, onnx_path=str(onnx_path.resolve()), pad_neutral=pads_neutral(onnx_path),
     )
     atomic_write_json(sidecar_path(engine_path), sidecar.to_json())
     log.info("built %s (%s asked, %s ran, OpenVINO %s)", engine_path, precision, ran, identity.openvino_version)

@@ -5,9 +5,12 @@ Two sources:
 * a compiled file (``.blob``) written by :func:`~toolchain.engines.openvino.compile.build_ov_engine`:
   activation reads its sidecar first (without OpenVINO, so a machine without it is told what the
   file needs), refuses a file from another OpenVINO version or for a precision this CPU lacks
-  (:func:`~toolchain.engines.openvino.sidecar.ensure_compatible`, exit 2), then imports it with the
-  properties it was built with (an import without them falls back to the plugin's default
-  precision: seen here, an FP32 file imported as BF16) and this runner's thread count;
+  (:func:`~toolchain.engines.openvino.sidecar.ensure_compatible`, exit 2) and a file built from
+  another version of its source graph, where that graph is at hand (:mod:`toolchain.engines.source`,
+  exit 2), then imports it with the properties it was built with (an import without them falls back
+  to the plugin's default precision: seen here, an FP32 file imported as BF16) and this runner's
+  thread count, and refuses it (exit 2) when the precision read back is not the one its sidecar
+  recorded;
 * an ONNX graph and a precision: compiled when activated (``parity GRAPH --engine openvino-cpu
   --precision bf16``, ``bench``).
 
@@ -24,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from toolchain.engines.base import Runner, ShapeLimits, TensorSpec, check_feed, recorded_specs
+from toolchain.engines.base import Runner, ShapeLimits, TensorSpec, check_feed_why, pad_to_profile, recorded_specs
 from toolchain.engines.openvino import _deps
 from toolchain.engines.openvino.compile import (
     ProfileShapes,
@@ -35,7 +38,8 @@ from toolchain.engines.openvino.compile import (
     read_model,
     run_config,
 )
-from toolchain.engines.openvino.sidecar import OvSidecar, ensure_compatible, read_sidecar
+from toolchain.engines.openvino.sidecar import KIND, OvSidecar, ensure_compatible, read_sidecar
+from toolchain.engines.source import check_source, rebuild_command
 from toolchain.errors import EngineError
 
 
@@ -50,13 +54,16 @@ class OvRunner(Runner):
         profile: input name -> ``(min, opt, max)`` bounds for ``onnx_path`` (None: dims stay dynamic).
         name: runner name in messages.
         max_batch: reject feeds whose axis 0 is larger.
+        source: the ONNX graph a compiled file must have been built from (a graph given beside it
+            on the command line, the recipe's export entry); besides it, the graph is looked for
+            where :func:`toolchain.engines.source.source_candidates` says.
     """
 
     kind = "openvino-cpu"
 
     def __init__(self, engine_path: Path | None = None, *, onnx_path: Path | None = None, precision: str = "fp32",
                  threads: int = 0, profile: ProfileShapes | None = None, name: str | None = None,
-                 max_batch: int | None = None) -> None:
+                 max_batch: int | None = None, source: Path | None = None) -> None:
         if (engine_path is None) == (onnx_path is None):
             raise EngineError("openvino-cpu: give exactly one of engine_path (a compiled .blob) and onnx_path.")
         super().__init__(name=name, max_batch=max_batch)
@@ -65,6 +72,7 @@ class OvRunner(Runner):
         self.precision = precision
         self.threads = int(threads)
         self.profile = profile
+        self.source = Path(source) if source is not None else None
         self._compiled: Any = None
         self._request: Any = None
         self._info: dict[str, Any] = {}
@@ -87,15 +95,20 @@ class OvRunner(Runner):
         specs, limits, complete = recorded_specs(sidecar.profile, sidecar.inputs)
         if not specs:
             return False
-        check_feed(feed, specs, limits=limits, runner=self.name, complete=complete)
+        padded, _padding, why = pad_to_profile(feed, limits, neutral=sidecar.pad_neutral)  # as infer() pads it
+        check_feed_why(padded, specs, why, limits=limits, runner=self.name, complete=complete)
         return True
 
     def _activate_impl(self) -> None:
         from toolchain.engines.inputs import graph_inputs
         from toolchain.export.graph import load_checked
 
+        sidecar: OvSidecar | None = None
         if self.engine_path is not None:
             sidecar = self._sidecar()
+            check_source(self.engine_path, kind=KIND, onnx_file=sidecar.onnx_file, onnx_sha256=sidecar.onnx_sha256,
+                         precision=sidecar.precision, profile=sidecar.profile, recorded_path=sidecar.onnx_path,
+                         given=self.source if self.source is not None and self.source.is_file() else None)
             identity = _deps.current_identity()
             ensure_compatible(sidecar, identity, self.engine_path)
             try:
@@ -117,6 +130,13 @@ class OvRunner(Runner):
             source = {"onnx_file": self.onnx_path.name}
         layers = read_back(compiled)
         ran, kept = ran_precision(layers, asked)
+        if sidecar is not None and self.engine_path is not None and ran != sidecar.ran_precision:
+            raise EngineError(
+                f"{self.engine_path.name}: its matrix layers run {ran} after loading, but its sidecar records "
+                f"{sidecar.ran_precision} ({sidecar.precision} asked at build time): the file or its sidecar changed "
+                "after the build, or this OpenVINO imports it differently. Rebuild it: "
+                + rebuild_command(sidecar.onnx_path or sidecar.onnx_file, self.engine_path, KIND, sidecar.precision,
+                                  sidecar.profile))
         self._compiled, self._request = compiled, compiled.create_infer_request()
         self._recorded = recorded
         self._limits = recorded_specs(profile, {})[1]
@@ -152,6 +172,17 @@ class OvRunner(Runner):
 
     def _shape_limits(self) -> dict[str, ShapeLimits]:
         return dict(self._limits)
+
+    def _pads_neutral(self) -> bool:
+        if self.engine_path is None:
+            return False
+        if getattr(self, "_neutral", None) is None:
+            self._neutral = bool(self._sidecar().pad_neutral)
+        return self._neutral
+
+    def _output_dims(self) -> dict[str, tuple[int | None, ...]]:
+        return {p.get_any_name(): tuple(d.get_length() if d.is_static else None for d in p.get_partial_shape())
+                for p in self._compiled.outputs}
 
     def output_names(self) -> list[str]:
         """Output names in order."""

@@ -36,6 +36,11 @@ class OvSidecar:
         config: the OpenVINO properties it was compiled with (and must be imported with).
         profile: input name -> ``[min, opt, max]`` shapes (every feed must lie within min..max).
         inputs: input name -> ``{"dtype", "shape"}`` (dims: int, or a name/None when dynamic).
+        onnx_file, onnx_sha256: the source graph's file name and sha256 (checked at load where the
+            graph is at hand: :mod:`toolchain.engines.source`).
+        onnx_path: the source graph's absolute path at build time (empty in older sidecars).
+        pad_neutral: the source graph was exported by hydra-toolchain, so short text rows may be
+            padded up to the profile's minimum (:func:`toolchain.engines.base.pad_to_profile`).
     """
 
     openvino_version: str
@@ -55,11 +60,21 @@ class OvSidecar:
     kind: str = KIND
     schema: int = SIDECAR_SCHEMA
     notes: list[str] = field(default_factory=list)
+    onnx_path: str = ""
+    pad_neutral: bool = False
 
     def needs(self) -> str:
         """``OpenVINO 2026.4.1 on a CPU with BF16``: what the file runs on."""
         cap = CAPABILITY.get(self.precision)
         return f"OpenVINO {self.openvino_version} on a CPU" + (f" with {cap}" if cap else "")
+
+    def describe(self) -> dict[str, Any]:
+        """What the file is, in the kind-neutral terms of :attr:`toolchain.engines.registry.EngineKind.describe`."""
+        return {"kind": self.kind, "precision": self.precision, "ran_precision": self.ran_precision,
+                "runtime": f"OpenVINO {self.openvino_version}", "device": self.device_name,
+                "onnx_file": self.onnx_file, "onnx_sha256": self.onnx_sha256, "onnx_path": self.onnx_path,
+                "profile": self.profile, "layers": self.layers, "kept_fp32": self.kept_fp32,
+                "built_at": self.built_at, "notes": list(self.notes), "sidecar": self.to_json()}
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -72,7 +87,8 @@ def sidecar_path(engine_path: Path) -> Path:
     return engine_path.with_name(engine_path.name + ".json")
 
 
-_STRINGS = ("openvino_version", "device_name", "precision", "ran_precision", "onnx_file", "onnx_sha256", "kind")
+_STRINGS = ("openvino_version", "device_name", "precision", "ran_precision", "onnx_file", "onnx_sha256", "kind",
+            "onnx_path")
 
 
 def read_sidecar(engine_path: Path) -> OvSidecar:

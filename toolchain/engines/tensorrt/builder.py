@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from toolchain.artifacts import atomic_write_bytes, atomic_write_json, sha256_file
 from toolchain.engines.inputs import graph_inputs
+from toolchain.engines.source import pads_neutral
 from toolchain.engines.tensorrt._deps import current_identity, import_tensorrt, require_cuda
 from toolchain.engines.tensorrt.sidecar import EngineSidecar, sidecar_path
 from toolchain.errors import EngineError, GraphError
@@ -216,6 +217,7 @@ def build_engine(
         compute_capability=identity.compute_capability, precision=precision, strongly_typed=strongly_typed,
         profile=shapes, onnx_file=onnx_path.name, onnx_sha256=sha256_file(onnx_path), workspace_gb=workspace_gb,
         built_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), notes=notes, inputs=inputs,
+        onnx_path=str(onnx_path.resolve()), pad_neutral=pads_neutral(onnx_path),
     )
     atomic_write_json(sidecar_path(engine_path), sidecar.to_json())
     log.info("built %s (%s, TensorRT %s, %s)", engine_path, precision, identity.tensorrt_version, identity.gpu_name)

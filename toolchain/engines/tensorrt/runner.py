@@ -2,7 +2,9 @@
 
 Activation reads the sidecar first (before importing TensorRT, so that a machine without it is
 told which TensorRT version and GPU the engine needs) and refuses an engine built with another
-TensorRT version or GPU (:func:`~toolchain.engines.tensorrt.sidecar.ensure_compatible`), then deserialises it and
+TensorRT version or GPU (:func:`~toolchain.engines.tensorrt.sidecar.ensure_compatible`) and an engine
+built from another version of its source graph where that graph is at hand
+(:mod:`toolchain.engines.source`, checked before TensorRT is imported), then deserialises it and
 creates one execution context. Inference uses torch CUDA tensors as device buffers
 (:func:`~toolchain.engines.tensorrt.outputs.run_context`): ``context.set_input_shape`` (checked)
 and ``set_tensor_address`` per input, output buffers sized from ``context.get_tensor_shape``, an
@@ -18,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from toolchain.artifacts import sha256_file
-from toolchain.engines.base import Runner, ShapeLimits, TensorSpec, check_feed
+from toolchain.engines.base import Runner, ShapeLimits, TensorSpec, check_feed_why, pad_to_profile
+from toolchain.engines.source import check_source
 from toolchain.engines.tensorrt._deps import current_identity, import_tensorrt, require_cuda
 from toolchain.engines.tensorrt.outputs import make_output_allocator, run_context
 from toolchain.engines.tensorrt.sidecar import EngineSidecar, ensure_compatible, feed_specs, read_sidecar, sidecar_path
@@ -38,7 +40,8 @@ class TrtRunner(Runner):
     Args:
         engine_path: the serialized engine; ``<engine>.json`` must sit next to it.
         device: CUDA device index.
-        onnx_path: optional ONNX file the engine must have been built from (sha256 checked).
+        onnx_path: the ONNX file the engine must have been built from (sha256 checked); besides it, the
+            graph is looked for where :func:`toolchain.engines.source.source_candidates` says.
         name: runner name in messages.
     """
 
@@ -68,16 +71,23 @@ class TrtRunner(Runner):
 
     def precheck(self, feed: Mapping[str, object]) -> bool:
         """Check ``feed`` against the sidecar (inputs, profile) without TensorRT or a GPU."""
-        specs, limits, complete = feed_specs(self._sidecar())
+        sidecar = self._sidecar()
+        specs, limits, complete = feed_specs(sidecar)
         if not specs:
             return False
-        check_feed(feed, specs, limits=limits, runner=self.name, complete=complete)
+        padded, _padding, why = pad_to_profile(feed, limits, neutral=sidecar.pad_neutral)  # as infer() pads it
+        check_feed_why(padded, specs, why, limits=limits, runner=self.name, complete=complete)
         return True
 
     def _activate_impl(self) -> None:
         # the sidecar first (when the engine exists): it needs neither TensorRT nor a GPU, and
         # a machine without them is told which TensorRT version and GPU the engine needs
         sidecar = self._sidecar() if self.engine_path.is_file() else None
+        if sidecar is not None:  # a stale engine is refused whatever the machine (exit 2)
+            given = self.onnx_path if self.onnx_path is not None and self.onnx_path.is_file() else None
+            check_source(self.engine_path, kind=self.kind, onnx_file=sidecar.onnx_file,
+                         onnx_sha256=sidecar.onnx_sha256, precision=sidecar.precision, profile=sidecar.profile,
+                         recorded_path=sidecar.onnx_path, given=given)
         try:
             trt = import_tensorrt()
             require_cuda(self.device)
@@ -92,9 +102,6 @@ class TrtRunner(Runner):
         if sidecar is None:
             sidecar = self._sidecar()  # the engine file is missing: a clear EngineError
         ensure_compatible(sidecar, current_identity(trt, self.device), self.engine_path)
-        if self.onnx_path is not None and sha256_file(self.onnx_path) != sidecar.onnx_sha256:
-            raise EngineError(f"engine {self.engine_path.name} was built from another version of "
-                              f"{self.onnx_path.name} (sha256 differs); rebuild it.")
         logger = trt.Logger(trt.Logger.WARNING)
         with torch.cuda.device(self.device):
             runtime = trt.Runtime(logger)
@@ -134,6 +141,14 @@ class TrtRunner(Runner):
             lo, _opt, hi = self._engine.get_tensor_profile_shape(name, 0)
             limits[name] = ShapeLimits(tuple(int(d) for d in lo), tuple(int(d) for d in hi))
         return limits
+
+    def _output_dims(self) -> dict[str, tuple[int | None, ...]]:
+        return {n: tuple(None if d < 0 else int(d) for d in self._engine.get_tensor_shape(n)) for n in self._outputs}
+
+    def _pads_neutral(self) -> bool:
+        if getattr(self, "_neutral", None) is None:
+            self._neutral = bool(self._sidecar().pad_neutral)
+        return self._neutral
 
     def output_names(self) -> list[str]:
         """Engine output names in order."""

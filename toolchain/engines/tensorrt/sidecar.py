@@ -47,6 +47,9 @@ class EngineSidecar:
     #: input name -> {"dtype": numpy dtype name, "shape": dims (int, or a name/None when dynamic)};
     #: empty in sidecars written before it was recorded
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the source graph's absolute path at build time (empty in older sidecars)
+    onnx_path: str = ""
+    pad_neutral: bool = False  # exported by hydra-toolchain: short rows may be padded up to the profile
 
     def needs(self) -> str:
         """``TensorRT 10.15.1 on a 'NVIDIA H200' GPU (compute capability 9.0)``: what the engine runs on."""
@@ -61,6 +64,18 @@ class EngineSidecar:
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return asdict(self)
+
+    def describe(self) -> dict[str, Any]:
+        """What the engine is, in the kind-neutral terms of :attr:`toolchain.engines.registry.EngineKind.describe`.
+
+        TensorRT is not asked which precision its layers chose: ``ran_precision`` is None.
+        """
+        return {"kind": "tensorrt", "precision": self.precision, "ran_precision": None,
+                "runtime": f"TensorRT {self.tensorrt_version}",
+                "device": f"{self.gpu_name} (compute capability {self.compute_capability})",
+                "onnx_file": self.onnx_file, "onnx_sha256": self.onnx_sha256, "onnx_path": self.onnx_path,
+                "profile": self.profile, "layers": {}, "kept_fp32": 0, "built_at": self.built_at,
+                "notes": list(self.notes), "sidecar": self.to_json()}
 
 
 def sidecar_path(engine_path: Path) -> Path:
@@ -90,7 +105,7 @@ def read_sidecar(engine_path: Path) -> EngineSidecar:
 
 def _check_types(sidecar: EngineSidecar) -> None:
     """Reject a sidecar whose fields have the wrong JSON types (TypeError, reported as malformed)."""
-    for name in ("tensorrt_version", "gpu_name", "compute_capability", "precision", "onnx_file"):
+    for name in ("tensorrt_version", "gpu_name", "compute_capability", "precision", "onnx_file", "onnx_path"):
         if not isinstance(getattr(sidecar, name), str):
             raise TypeError(f"field '{name}' must be a string, got {getattr(sidecar, name)!r}")
     if not isinstance(sidecar.profile, dict) or not isinstance(sidecar.inputs, dict):
