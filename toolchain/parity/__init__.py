@@ -7,13 +7,15 @@
   and a Polygraphy ``Comparator.compare_accuracy`` cross-check;
 * :mod:`.uq` - :func:`toolchain.metrics.uq_report` of reference vs candidate, one check per metric;
 * :mod:`.verdict` - the verdict as data: ``report.json``, ``junit.xml``, ``summary.md``, exit code;
-* :mod:`.runner` - :func:`run_parity`;
+* :mod:`.weights` - :func:`weight_parity`: every weight a graph carries against the reference
+  parameter it came from, at the graph's own rounding (a stale or wrong weight is found exactly);
+* :mod:`.runner` - :func:`run_parity` (``graphs=``: a ``weights`` check per engine);
 * :mod:`.rescue` - :func:`rescue_precision`: the smallest FP32 node set that makes a FP16/BF16
   graph pass;
 * :mod:`.reference_engine` - an ``onnx.reference`` runner (true FP16/BF16 arithmetic on CPU);
 * :mod:`.localize` - ``parity --localize``: where a failing graph first diverges, layer by layer
-  against PyTorch and node by node against the FP32 graph (:mod:`.scopes`: a graph's values by
-  module scope).
+  against PyTorch and (:mod:`.localize_graph`) node by node against the FP32 graph, a baseline
+  graph or the graph cast up to FP32 (:mod:`.scopes`: a graph's values by module scope).
 
 Typical use (exit code 0 pass, 1 a check failed, 2 the run could not happen)::
 
@@ -40,6 +42,7 @@ from toolchain.parity.tolerances import (
 )
 from toolchain.parity.uq import MetricCheck, UQOutputs, uq_parity
 from toolchain.parity.verdict import Check, Verdict
+from toolchain.parity.weights import TensorMatch, WeightReport, weight_parity
 
 __all__ = [
     "DEFAULT_UQ_TOLERANCES",
@@ -50,10 +53,12 @@ __all__ = [
     "ParityData",
     "ReferenceEvaluatorRunner",
     "RescueResult",
+    "TensorMatch",
     "Tolerance",
     "ToleranceError",
     "UQOutputs",
     "Verdict",
+    "WeightReport",
     "check_candidate",
     "compare_outputs",
     "default_tolerances",
@@ -65,4 +70,5 @@ __all__ = [
     "rescue_precision",
     "run_parity",
     "uq_parity",
+    "weight_parity",
 ]

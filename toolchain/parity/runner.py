@@ -10,6 +10,8 @@ Flow (the comparator knows only the :class:`~toolchain.engines.base.Runner` inte
 3. for each candidate in turn: activate, run the same feeds, deactivate (one engine in memory
    at a time); then the numeric checks (one per output, pooled over every feed) and the UQ
    checks (one per metric of :func:`toolchain.metrics.uq_report`);
+   with ``graphs``, a ``weights`` check per engine whose ONNX graph is known
+   (:mod:`toolchain.parity.weights`: every graph weight against the reference's parameter);
 4. a :class:`~toolchain.parity.verdict.Verdict` with every check; written to ``out_dir`` as
    ``report.json``, ``junit.xml`` and ``summary.md`` (each atomically).
 
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from toolchain.engines.base import Runner
+from toolchain.engines.registry import ran_lower
 from toolchain.errors import ToolchainError
 from toolchain.parity.numeric import compare_outputs, polygraphy_cross_check
 from toolchain.parity.tolerances import (
@@ -45,7 +48,8 @@ from toolchain.parity.tolerances import (
 from toolchain.parity.uq import UQOutputs, uq_parity
 from toolchain.parity.verdict import Check, Verdict
 
-__all__ = ["ParityData", "ReferenceOutputs", "check_candidate", "engine_tolerances", "run_parity", "run_reference"]
+__all__ = ["ParityData", "ReferenceOutputs", "check_candidate", "engine_tolerances", "run_parity", "run_reference",
+           "weights_check"]
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +167,27 @@ def _error_check(engine: str, exc: ToolchainError, seconds: float = 0.0) -> Chec
     code = exc.exit_code if exc.exit_code in (2, 3) else 2
     return Check(engine, "run", "error", f"{type(exc).__name__}: {exc}", {"exception": type(exc).__name__},
                  seconds, code)
+
+
+def weights_check(engine: str, graph: str | Path, module: Any, precision: str | None = None) -> Check:
+    """The ``weights`` check of one engine: every weight of its ONNX graph against the reference module.
+
+    ``fail`` names each differing initializer and the parameter it should hold; a graph that cannot
+    be read or a missing module is an ``error`` (exit 2).
+    """
+    from toolchain.parity.weights import weight_parity
+
+    start = time.perf_counter()
+    if module is None:
+        return Check(engine, "weights", "error", "weights not checked: no reference module (pass reference_module)",
+                     {"graph": str(graph)}, 0.0, 2)
+    try:
+        report = weight_parity(graph, module, precision)
+    except ToolchainError as exc:
+        code = exc.exit_code if exc.exit_code in (2, 3) else 2
+        return Check(engine, "weights", "error", f"{type(exc).__name__}: {exc}", {"graph": str(graph)}, 0.0, code)
+    return Check(engine, "weights", "pass" if report.passed else "fail", report.message(), report.to_dict(),
+                 time.perf_counter() - start)
 
 
 def run_reference(reference: Runner, data: ParityData) -> tuple[ReferenceOutputs | None, list[Check]]:
@@ -289,7 +314,8 @@ def _judged_precision(engine: str, runner: Runner, meta: dict[str, Any], tols: d
 
     A kind that reads its layers' precision back (OpenVINO) may report another precision than asked
     (a hint the CPU ignored or replaced): the engine is then judged, and labelled, at the precision
-    it ran, with the tolerances of that precision, and ``meta["engines"]`` says what was asked.
+    it ran, with the tolerances of that precision, and ``meta["engines"]`` says what was asked. A
+    lower precision than asked also fails (:func:`_lower_precision_check`).
     """
     info = runner.engine_info()
     asked = meta["precisions"][engine]
@@ -302,6 +328,18 @@ def _judged_precision(engine: str, runner: Runner, meta: dict[str, Any], tols: d
         tols[engine] = engine_tolerances(list(tols), tolerances, {**dict(precisions or {}), engine: ran})[engine]
         meta["tolerances"][engine] = {k: t.to_dict() for k, t in sorted(tols[engine].items())}
     return ran
+
+
+def _lower_precision_check(engine: str, asked: str, ran: str) -> Check:
+    """A failed ``run/precision`` check: the engine ran a lower precision than asked (fewer mantissa bits).
+
+    Its numbers are still judged at the precision it ran; the gate fails because the engine is not
+    what was asked for (an FP32 engine that ran BF16 would pass BF16's wider tolerances).
+    """
+    return Check(engine, "run/precision", "fail",
+                 f"asked for {asked}, the engine ran {ran} (read back from it): a lower precision than asked fails; "
+                 f"rebuild it where {asked} is honoured, or ask for {ran}",
+                 {"precision_asked": asked, "ran_precision": ran})
 
 
 def run_parity(
@@ -319,6 +357,8 @@ def run_parity(
     n_bins: int = 15,
     cross_check: bool = True,
     reference_name: str | None = None,
+    graphs: Mapping[str, str | Path | None] | None = None,
+    reference_module: Any = None,
 ) -> Verdict:
     """Run every candidate against the reference; return (and write) the verdict.
 
@@ -337,6 +377,13 @@ def run_parity(
         n_bins: ECE bins.
         cross_check: record Polygraphy's comparator verdict next to ours.
         reference_name: the reference's name in reports (default: the runner's name).
+        graphs: engine -> the ONNX graph it runs (an engine file: the graph it was built from), or
+            None when unknown; with it every engine also gets a ``weights`` check
+            (:func:`~toolchain.parity.weights.weight_parity`: each graph weight against the reference
+            parameter it came from) and ``meta["weights"]`` says which engines had no graph. None:
+            no weight checks.
+        reference_module: the torch module the weights are compared with (default: the reference
+            runner's ``module``).
 
     Returns:
         The :class:`Verdict`; ``verdict.exit_code`` is 0/1/2/3 and ``verdict.raise_for_status()``
@@ -374,6 +421,7 @@ def run_parity(
                 checks.append(_error_check(engine, exc))
                 continue
             try:
+                asked = meta["precisions"][engine]
                 precision = _judged_precision(engine, runner, meta, tols, tolerances, precisions)
                 log.info("parity: checking '%s' (%s)", engine, precision)
                 found = check_candidate(engine, runner, data, ref, tols[engine], uq_tols, uq_outputs=uq_outputs,
@@ -381,10 +429,24 @@ def run_parity(
             finally:
                 if owned:
                     runner.deactivate()
+            if ran_lower(asked, precision):
+                found.append(_lower_precision_check(engine, asked, precision))
             for check in found:
                 if check.status != "pass":
                     log.warning("parity %s %s: %s", check.engine, check.name, check.message)
             checks += found
+    if graphs is not None:
+        module = reference_module if reference_module is not None else getattr(reference, "module", None)
+        meta["weights"] = {}
+        for engine in engines:
+            graph = graphs.get(engine)
+            if graph is None:
+                meta["weights"][engine] = "not checked: no graph"
+                continue
+            meta["weights"][engine] = str(graph)
+            checks.append(weights_check(engine, graph, module))  # judged at the graph's own precision
+            if checks[-1].status != "pass":
+                log.warning("parity %s weights: %s", engine, checks[-1].message)
     verdict = Verdict(reference=ref_name, engines=engines, checks=checks, meta=meta)
     if out_dir is not None:
         written = verdict.write(Path(out_dir))

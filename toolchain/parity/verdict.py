@@ -1,10 +1,11 @@
 """Parity verdicts as data: JSON report, JUnit XML, a Markdown summary and the exit code.
 
 A :class:`Verdict` is a list of :class:`Check` (one per engine x check: ``run``,
-``numeric/<output>``, ``uq/<metric>``), each ``pass``, ``fail``, ``error`` or ``unresolved`` (a
-rank metric on reference scores flat at the candidate's precision, which rounding alone can put in
-any order: neither pass nor fail, see :mod:`toolchain.parity.resolution`), with its message and
-every number. Every failure is listed, never just the first.
+``numeric/<output>``, ``uq/<metric>``, ``weights`` when the engine's ONNX graph is known: every
+graph weight against the reference parameter, per tensor in its data), each ``pass``, ``fail``,
+``error`` or ``unresolved`` (a rank metric on reference scores flat at the candidate's precision,
+which rounding alone can put in any order: neither pass nor fail, see
+:mod:`toolchain.parity.resolution`), with its message and every number. Every failure is listed, never just the first.
 
 Exit code (:attr:`Verdict.exit_code`, raised by :meth:`Verdict.raise_for_status`):
 
@@ -56,7 +57,7 @@ class Check:
 
     Args:
         engine: candidate name (``reference`` for problems with the reference itself).
-        name: ``run``, ``numeric/<output>`` or ``uq/<metric>``.
+        name: ``run``, ``numeric/<output>``, ``uq/<metric>`` or ``weights``.
         status: ``pass`` | ``fail`` | ``error`` | ``unresolved``.
         message: one paragraph naming what broke and the numbers.
         data: every number and the tolerance (JSON-ready after :func:`jsonable`).
@@ -74,7 +75,7 @@ class Check:
 
     @property
     def kind(self) -> str:
-        """``run``, ``numeric`` or ``uq``."""
+        """``run``, ``numeric``, ``uq`` or ``weights``."""
         return self.name.split("/", 1)[0]
 
     def to_dict(self) -> dict[str, Any]:
@@ -228,7 +229,9 @@ class Verdict:
             })
             props = ET.SubElement(suite, "properties")
             for key, value in (("reference", self.reference),
-                               ("precision", str(self.meta.get("precisions", {}).get(engine, "")))):
+                               ("precision", str(self.meta.get("precisions", {}).get(engine, ""))),
+                               *((("weights", str(self.meta["weights"][engine])),)
+                                 if engine in self.meta.get("weights", {}) else ())):
                 ET.SubElement(props, "property", {"name": key, "value": _xml_text(value)})
             for check in checks:
                 case = ET.SubElement(suite, "testcase", {
@@ -252,16 +255,24 @@ class Verdict:
         """A short Markdown summary: headline, a table per engine, then every failure and error."""
         lines = [f"## Parity: {self.status.upper()} (exit {self.exit_code})", "", self.headline() + ".", "",
                  "| engine | precision | run | numeric | uq | status |", "|---|---|---|---|---|---|"]
+        kinds = ["run", "numeric", "uq"]
+        if "weights" in self.meta or any(c.kind == "weights" for c in self.checks):  # a column only when checked
+            kinds.append("weights")
+            lines[-2:] = ["| engine | precision | run | numeric | uq | weights | status |", "|---" * 7 + "|"]
         precisions = self.meta.get("precisions", {})
         for engine in self.engines + sorted({c.engine for c in self.checks} - set(self.engines)):
             checks = self.engine_checks(engine)
             cells = []
-            for kind in ("run", "numeric", "uq"):
+            for kind in kinds:
                 sub = [c for c in checks if c.kind == kind]
                 ok = sum(c.status == "pass" for c in sub)
                 unresolved = sum(c.status == "unresolved" for c in sub)
+                if kind == "weights" and len(sub) == 1 and "checked" in sub[0].data:  # tensors, not checks
+                    data = sub[0].data
+                    cells.append(f"{data['checked'] - data['failed']}/{data['checked']}")
+                    continue
                 cells.append((f"{ok}/{len(sub)}" + (f" ({unresolved} not resolvable)" if unresolved else ""))
-                             if sub else "-")
+                             if sub else ("not checked" if kind == "weights" and "weights" in self.meta else "-"))
             status = "error" if any(c.status == "error" for c in checks) else (
                 "**FAIL**" if any(c.status == "fail" for c in checks) else "pass")
             precision = precisions.get(engine, "")
@@ -273,6 +284,16 @@ class Verdict:
         if problems:
             lines += ["", "### Failures and errors", ""]
             lines += [f"- **{c.engine}** `{c.name}` ({c.status}): {c.message}" for c in problems]
+        weights = [c for c in self.checks if c.kind == "weights" and c.status == "fail"]
+        if weights or any(str(v).startswith("not checked") for v in self.meta.get("weights", {}).values()):
+            lines += ["", "### Weights (every graph weight vs the reference's parameter)", ""]
+            for check in weights:
+                lines += [f"- **{check.engine}** (`{check.data.get('graph', '')}`):"]
+                lines += [f"  - `{t['initializer']}` vs `{t['reference'] or '-'}` ({t['how']}): max abs diff "
+                          f"{t['max_abs_diff']}, {t['max_ulps']} ULPs (allowed {t['allowed_ulps']})"
+                          for t in check.data.get("tensors", []) if t["status"] == "fail"][:20]
+            lines += [f"- **{engine}**: weights {reason}" for engine, reason in self.meta.get("weights", {}).items()
+                      if str(reason).startswith("not checked")]
         if self.localization:
             lines += ["", "### Where it diverges (--localize)", ""]
             lines += [f"- **{engine}**: {item['summary']}" for engine, items in self.localization.items()

@@ -5,7 +5,7 @@ The base model, training, calibration data, Hydra building, feeds, compare-varia
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -342,7 +342,8 @@ def calibrate_hydra(ctx: Context, model: torch.nn.Module, tok: Any) -> dict[str,
             "classes": int(logits.shape[-1])}
 
 
-def baseline_models(ctx: Context) -> tuple[ModelAdapter, list[ModelAdapter], Any, dict[str, Any]]:
+def baseline_models(ctx: Context, recorded: Mapping[str, Any] | None = None
+                    ) -> tuple[ModelAdapter, list[ModelAdapter], Any, dict[str, Any]]:
     """The single model and the deep-ensemble members as deployed: temperature-scaled where the recipe says so.
 
     Returns ``(single, members, tokenizer, record)``. ``members`` is empty with
@@ -350,7 +351,10 @@ def baseline_models(ctx: Context) -> tuple[ModelAdapter, list[ModelAdapter], Any
     two are scaled by different temperatures (then a second copy). With
     ``baselines.temperature`` one T is fitted for the single model and one for the deep ensemble
     (shared by its members, on the ensemble's NLL), both on the validation split, and folded into
-    the weights; ``record`` holds them (``{}`` when off).
+    the weights; ``record`` holds them (``{}`` when off). ``recorded``: the record of an earlier
+    call (the export stage's ``temperatures.json``), whose temperatures are folded instead of fitted
+    again, so that a reference is the exported graph's model to the last bit (a refit in another
+    process, with another thread count, may differ in T's last bits, and the weights check is exact).
     """
     from toolchain.inference import module_outputs
     from toolchain.models.temperature import fit_temperature, fold_temperature, scaled_nll
@@ -367,19 +371,27 @@ def baseline_models(ctx: Context) -> tuple[ModelAdapter, list[ModelAdapter], Any
             members.append(load_stage_model(ctx, ctx.stage_dir("ensemble") / f"member{i}")[1])
     if not ctx.recipe.baselines.temperature:
         return single, members, tok, {}
-    labels = _val_labels(ctx)
-    names = list(single.input_names)
-    val = {id(a): module_outputs(ctx, SingleModel(a), "val", tok, names)["logits"] for a in [single, *members]}
-    classes = int(val[id(single)].shape[-1])
-    record: dict[str, Any] = {"val_rows": len(labels)}
-    t_single = fit_temperature(val[id(single)], labels)
-    record["single"] = {"temperature": t_single, "val_nll_before": scaled_nll(val[id(single)], labels, 1.0),
-                        "val_nll_after": scaled_nll(val[id(single)], labels, t_single)}
+    if recorded and "single" in recorded and (not members or "deep-ensemble" in recorded):
+        record = dict(recorded)
+        with torch.no_grad():
+            classes = int(_probe(SingleModel(single), ctx, "logits")().shape[-1])
+        t_single = float(record["single"]["temperature"])
+        t_de = float(record["deep-ensemble"]["temperature"]) if members else 1.0
+    else:
+        labels = _val_labels(ctx)
+        names = list(single.input_names)
+        val = {id(a): module_outputs(ctx, SingleModel(a), "val", tok, names)["logits"] for a in [single, *members]}
+        classes = int(val[id(single)].shape[-1])
+        record = {"val_rows": len(labels)}
+        t_single = fit_temperature(val[id(single)], labels)
+        record["single"] = {"temperature": t_single, "val_nll_before": scaled_nll(val[id(single)], labels, 1.0),
+                            "val_nll_after": scaled_nll(val[id(single)], labels, t_single)}
+        if members:
+            stacked = np.stack([val[id(a)] for a in members], 1)
+            t_de = fit_temperature(stacked, labels)
+            record["deep-ensemble"] = {"temperature": t_de, "val_nll_before": scaled_nll(stacked, labels, 1.0),
+                                       "val_nll_after": scaled_nll(stacked, labels, t_de)}
     if members:
-        stacked = np.stack([val[id(a)] for a in members], 1)
-        t_de = fit_temperature(stacked, labels)
-        record["deep-ensemble"] = {"temperature": t_de, "val_nll_before": scaled_nll(stacked, labels, 1.0),
-                                   "val_nll_after": scaled_nll(stacked, labels, t_de)}
         if members[0] is single:  # scaled differently: member 0 becomes its own copy
             members[0] = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")[1]
         for a in members:

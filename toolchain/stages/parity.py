@@ -11,6 +11,12 @@ from toolchain.pipeline import Context, stage
 from toolchain.stages.common import baseline_models, example_feed, runner_input_specs, split_feeds
 
 
+def exported_temperatures(ctx: Context) -> dict[str, Any] | None:
+    """The temperatures the export stage folded into the baselines' graphs (``export/temperatures.json``)."""
+    path = ctx.stage_dir("export") / "temperatures.json"
+    return read_json(path) if path.is_file() else None
+
+
 def parity_inputs(ctx: Context, names: list[str], tok: Any) -> tuple[list, list, list]:
     """Generated feeds at several shapes, the ID test split with labels, the OOD test split.
 
@@ -41,8 +47,9 @@ def _group_of(name: str) -> str:
 @stage("parity", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export", "engines",
                            "parity"),
        upstream=("build",), summary="numerical and UQ-metric parity of every engine vs the PyTorch reference",
-       version=6)  # 3: ECE parity on the reference's bins; 4: FP16/BF16 rule q0.999 and max <= 4; 5: q0.99 per feed;
-#                   6: engines built per kind (OpenVINO), judged at the precision they ran; deep-ensemble members
+       version=7)  # 3: ECE parity on the reference's bins; 4: FP16/BF16 rule q0.999 and max <= 4; 5: q0.99 per feed;
+#                   6: engines built per kind (OpenVINO), judged at the precision they ran; deep-ensemble members;
+#                   7: weight parity (every graph weight vs the reference's parameters)
 def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """Verdicts for the Hydra engines (vs the fused PyTorch model), the single model's and each member's.
 
@@ -51,16 +58,20 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
     rounded to BF16) on the same feeds as the others; engines the build stage compiled (OpenVINO's
     real BF16 on this CPU, TensorRT) are judged at the precision they report they ran. The
     deep-ensemble members (``member<i>``) are groups of their own, each against its PyTorch model.
+    Every engine whose ONNX graph is known also gets a ``weights`` check: each graph weight against
+    the reference's parameter at the graph's own rounding (:mod:`toolchain.parity.weights`; a stale
+    graph fails it even where BF16 rounding hides it at the outputs).
     A precision this machine cannot run is listed under ``skipped``, not failed. With
     ``parity.deep_ensemble: false`` the members are not gated (``not_gated`` in ``verdict.json``).
     """
-    from toolchain.engines import make_runner, reference_kind
+    from toolchain.engines import make_runner, ran_lower, reference_kind
     from toolchain.hydra.fuse import load_hydra
     from toolchain.models.wrappers import SingleModel
     from toolchain.parity import run_parity
 
     graphs = read_json(ctx.stage_dir("export") / "graphs.json")
-    base, de_members, tok, _t = baseline_models(ctx)  # the PyTorch references as exported (temperatures folded)
+    # the PyTorch references as exported: the export's own temperatures folded (no refit: the weights check is exact)
+    base, de_members, tok, _t = baseline_models(ctx, exported_temperatures(ctx))
     names = list(graphs["single"]["inputs"])
     generated, ident, ood = parity_inputs(ctx, names, tok)
     groups: dict[str, Any] = {
@@ -75,21 +86,25 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
     results: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for group, (module, outputs) in groups.items():
-        candidates, precisions = _candidates(ctx, group, graphs, skipped)
+        candidates, precisions, sources = _candidates(ctx, group, graphs, skipped)
         if not candidates:
             continue
         reference = make_runner(reference_kind(), module=module(), input_specs=_input_specs(ctx, names),
                                 output_names=outputs, name=f"torch-{group}")
         verdict = run_parity(reference, candidates, generated, ident, ood, out_dir=work / group,
-                             precisions=precisions, **parity_tolerances(ctx))
+                             precisions=precisions, graphs=sources, **parity_tolerances(ctx))
         results[group] = {"exit_code": verdict.exit_code, "status": verdict.status, "problems": verdict.problems(),
                           "failing_engines": sorted({c.engine for c in verdict.failures}),
+                          # what a precision rescue can fix: numeric or UQ failures (not stale weights,
+                          # not an engine that ran a lower precision than asked)
+                          "rescuable_engines": sorted({c.engine for c in verdict.failures
+                                                       if c.kind in ("numeric", "uq")}),
                           "unresolved": verdict.notes(), "precisions": verdict.meta["precisions"]}
         ctx.console.print(f"  {group}: {verdict.status} ({len(candidates)} engines)")
         for engine, info in verdict.meta.get("engines", {}).items():
-            if info.get("precision_asked") not in (None, info.get("ran_precision")):
-                ctx.console.print(f"    [yellow]![/yellow] {engine}: asked for {info['precision_asked']}, ran "
-                                  f"{info['ran_precision']} (judged at {info['ran_precision']})")
+            asked, ran = info.get("precision_asked"), info.get("ran_precision")
+            if asked not in (None, ran) and not ran_lower(asked, ran):  # lower: a failed check, listed below
+                ctx.console.print(f"    [yellow]![/yellow] {engine}: asked for {asked}, ran {ran} (judged at {ran})")
         for p in verdict.problems():
             ctx.console.print(f"    [red]x[/red] {p}")
         for note in verdict.notes():
@@ -111,8 +126,11 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
 
 
 def _candidates(ctx: Context, group: str, graphs: dict[str, Any],
-                skipped: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Label -> runner and label -> precision of every recipe engine on the group's graphs.
+                skipped: dict[str, str]) -> tuple[dict[str, Any], dict[str, str], dict[str, Path | None]]:
+    """Label -> runner, label -> precision and label -> ONNX graph of every recipe engine on the group's graphs.
+
+    The graph is the export's file the engine runs or was built from (its weights are checked
+    against the reference: :mod:`toolchain.parity.weights`); None when the entry names none.
 
     Graphs the export wrote come first (graph by graph, kinds in registry order), then the files
     of kinds the build stage builds (OpenVINO's compiled models, TensorRT engines). A precision a
@@ -134,6 +152,7 @@ def _candidates(ctx: Context, group: str, graphs: dict[str, Any],
               "threads": ctx.recipe.bench.threads}
     candidates: dict[str, Any] = {}
     precisions: dict[str, str] = {}
+    sources: dict[str, Path | None] = {}
 
     def add(kind: str, gname: str, entry: dict[str, Any]) -> None:
         actual = resolve_kind(kind, entry["precision"])
@@ -144,6 +163,8 @@ def _candidates(ctx: Context, group: str, graphs: dict[str, Any],
         label = candidate_label(actual, gname)
         candidates[label] = runner_for(actual, entry, name=label, **places)
         precisions[label] = entry["precision"]
+        graph = entry.get("onnx") or (entry.get("path") if str(entry.get("path", "")).endswith(".onnx") else None)
+        sources[label] = ctx.stage_dir("export") / graph if graph else None
 
     for gname, g in graphs.items():
         for spec in chosen:
@@ -161,7 +182,7 @@ def _candidates(ctx: Context, group: str, graphs: dict[str, Any],
             for ename, reason in read_unavailable(ctx.stage_dir("build"), spec.name).items():
                 if _group_of(ename) == group:
                     skipped[candidate_label(spec.name, ename)] = reason
-    return candidates, precisions
+    return candidates, precisions, sources
 
 
 def parity_tolerances(ctx: Context) -> dict[str, Any]:
@@ -211,14 +232,14 @@ def rescue_failing_graphs(ctx: Context) -> list[dict[str, Any]]:
 
     verdict = read_json(ctx.stage_dir("parity") / "verdict.json")
     graphs = read_json(ctx.stage_dir("export") / "graphs.json")
-    engines = {e for g in verdict["groups"].values() for e in g.get("failing_engines", [])}
+    engines = {e for g in verdict["groups"].values() for e in g.get("rescuable_engines", [])}
     rescuable = {s.name for s in engine_kinds() if s.rescuable}
     failing = sorted(split_label(e)[1] for e in engines if split_label(e)[0] in rescuable)
     failing = [f for f in failing if f in graphs and graphs[f]["precision"] in ("fp16", "bf16")]
     if not failing:
         ctx.console.print("  rescue: no failing FP16/BF16 graph to rescue")
         return []
-    base, de_members, tok, _t = baseline_models(ctx)
+    base, de_members, tok, _t = baseline_models(ctx, exported_temperatures(ctx))
     names = list(graphs["single"]["inputs"])
     generated, ident, ood = parity_inputs(ctx, names, tok)
     sd = StageDir(ctx.root, "rescue", key=ctx.key("parity"))

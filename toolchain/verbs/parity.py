@@ -21,6 +21,11 @@ from files:
 
 A graph's precision is read from the graph (low-precision weights or casts); an engine file's
 from ``precision`` or its name (``<graph>.fp16.<suffix>``).
+
+Every file also gets a ``weights`` check (:mod:`toolchain.parity.weights`): each weight of its ONNX
+graph (an engine file: the graph its build record names, where it is at hand, :func:`source_graph`)
+against the reference folder's parameter at the graph's own rounding; a graph exported from another
+checkpoint fails it even where BF16 rounding hides the difference at the outputs.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class ParityOptions:
     precision: str | Sequence[str] | None = None
     save_inputs: Path | None = None
     localize: bool = False  #: name where each failing graph first diverges (:mod:`toolchain.verbs.localize`)
+    baseline: Path | None = None  #: with ``localize``: a reference graph to compare node by node
 
 
 @dataclass
@@ -312,7 +318,8 @@ def check_parity(graphs: Sequence[str | Path], reference: str | Path, options: P
     tolerances = {k: dict(v) for k, v in o.tolerances.items()} or None
     verdict = run_parity(runner, candidates, feeds.generated, feeds.ident, feeds.ood, tolerances=tolerances,
                          uq_tolerances=dict(o.uq_tolerances) or None, out_dir=Path(out) if out else None,
-                         precisions={c.label: c.precision for c in found})
+                         precisions={c.label: c.precision for c in found},
+                         graphs={c.label: source_graph(c.path) for c in found})
     verdict.meta["files"] = {c.label: str(c.path) for c in found}
     verdict.meta["skipped"] = skipped
     verdict.meta["reference_folder"] = str(source.path)
@@ -320,7 +327,7 @@ def check_parity(graphs: Sequence[str | Path], reference: str | Path, options: P
     if o.localize and verdict.failures:
         from toolchain.verbs.localize import localize_failures
 
-        localize_failures(verdict, found, source, feeds, say=say)
+        localize_failures(verdict, found, source, feeds, baseline=o.baseline, say=say)
     if out is not None:
         verdict.write(Path(out))
     return verdict
@@ -340,7 +347,8 @@ def rescue_graphs(verdict: Any, reference: str | Path, options: ParityOptions | 
 
     o = options or ParityOptions()
     files = verdict.meta.get("files", {})
-    failing = sorted({c.engine for c in verdict.failures} & set(files))
+    # a rescue keeps nodes in FP32: it can fix numeric and UQ failures, not stale weights or a lower precision run
+    failing = sorted({c.engine for c in verdict.failures if c.kind in ("numeric", "uq")} & set(files))
     rescued = []
     source = open_source(reference)
     for label in failing:
@@ -380,6 +388,28 @@ def _rescuable_names() -> set[str]:
     return names
 
 
+def source_graph(path: Path) -> Path | None:
+    """The ONNX graph whose weights a file carries: the file itself, or the graph an engine file was built from.
+
+    An engine file's graph is the one its build record names, where it is at hand
+    (:func:`toolchain.engines.source.source_status`); None when it is not (its weights are then not
+    checked: ``meta["weights"]`` says so).
+    """
+    from toolchain.engines import engine_kinds
+
+    path = Path(path)
+    if path.suffix.lower() == ".onnx":
+        return path
+    for spec in engine_kinds():
+        if path.suffix.lower() in spec.suffixes and spec.describe is not None:
+            try:
+                graph = spec.describe(path).get("source", {}).get("graph")
+            except ToolchainError:
+                return None
+            return Path(graph) if graph else None
+    return None
+
+
 def _graph_inputs(path: Path) -> list[str]:
     from toolchain.export.graph import graph_summary
 
@@ -401,4 +431,5 @@ __all__ = [
     "parse_tolerance_options",
     "rescue_graphs",
     "save_feeds",
+    "source_graph",
 ]
