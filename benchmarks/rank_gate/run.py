@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "parity_tolerances"))
 import synthetic  # noqa: E402
 
 from toolchain.parity import DEFAULT_UQ_TOLERANCES, uq_parity  # noqa: E402
+from toolchain.parity.flips import FLIP_METRICS  # noqa: E402
 from toolchain.parity.resolution import is_rank_metric, rank_resolutions, score_resolution  # noqa: E402
 from toolchain.parity.tolerances import within_limit  # noqa: E402
 
@@ -77,7 +78,7 @@ def former_bounds(ref_id: list, labels: np.ndarray, ref_ood: list, precision: st
     if key in _FORMER:
         return _FORMER[key][1]
     probs, members = gather_uq_inputs(ref_id, UQOutputs(), "reference")
-    probs_ood, members_ood = gather_uq_inputs(ref_ood, UQOutputs(), "reference")
+    probs_ood, members_ood = gather_uq_inputs(ref_ood, UQOutputs(), "reference") if ref_ood else (None, None)
     out: dict[str, float] = {}
     wrong = probs.argmax(axis=1) != labels
     if wrong.any() and not wrong.all():
@@ -85,7 +86,8 @@ def former_bounds(ref_id: list, labels: np.ndarray, ref_ood: list, precision: st
         ref = failure_auroc(probs, labels, score=s)
         out["failure_auroc"] = max(abs(failure_auroc(probs, labels, score=s + k * d * np.where(wrong, 1.0, -1.0))
                                        - ref) for k in (1.0, -1.0))
-    sources = [("msp", msp_score, "probs", probs, probs_ood), ("entropy", entropy_score, "probs", probs, probs_ood)]
+    sources = ([("msp", msp_score, "probs", probs, probs_ood), ("entropy", entropy_score, "probs", probs, probs_ood)]
+               if probs_ood is not None else [])  # a recipe without OOD rows has failure AUROC only
     if members is not None and members_ood is not None:
         sources += [("mi", mutual_information, "logits", members, members_ood),
                     ("disagreement", disagreement, "logits", members, members_ood)]
@@ -117,6 +119,13 @@ def judge(ref_id: list, cand_id: list, labels: np.ndarray, ref_ood: list, cand_o
     former = former_bounds(ref_id, labels, ref_ood, precision)
     out = {}
     for c in checks:
+        if c.metric in FLIP_METRICS:  # judged by flips (toolchain/parity/flips.py); old: the plain tolerance
+            old = "pass" if within_limit(c.delta, c.limit, c.reference, c.candidate) else "fail"
+            out[c.metric] = {"new": c.status, "old": old, "delta": c.delta, "limit": c.limit, "bound": None,
+                             "worst_case": None, "former_worst_case": None, "flat": None,
+                             "flippable": None if c.flips is None else c.flips.flippable,
+                             "clear_flips": None if c.flips is None else c.flips.clear_flips}
+            continue
         if not is_rank_metric(c.metric):
             continue
         res = c.resolution
@@ -145,12 +154,13 @@ def tally(candidates: Iterable[dict[str, Any]]) -> dict[str, Any]:
 # -------------------------------------------------------------------------------- (a) synthetic
 
 
-def synthetic_part(seeds: int, sizes: Sequence[tuple[int, int]]) -> dict[str, Any]:
+def synthetic_part(seeds: int, sizes: Sequence[tuple[int, int]], members: int = 3,
+                   classes: int = 3) -> dict[str, Any]:
     """Every (size, spread, precision): ``seeds`` candidates per correct and broken variant."""
     rows = []
     for n_id, n_ood in sizes:
         for spread in SPREADS:
-            ref, labels = synthetic.reference(n_id, n_ood, spread, seed=0)
+            ref, labels = synthetic.reference(n_id, n_ood, spread, members=members, classes=classes, seed=0)
             r_id, r_ood = ref.feeds()
             for precision in ("fp16", "bf16"):
                 t0 = time.process_time()
@@ -173,7 +183,7 @@ def synthetic_part(seeds: int, sizes: Sequence[tuple[int, int]]) -> dict[str, An
                                     for r in rows[-len(variants):])
                 print(f"synthetic {n_id}+{n_ood} spread {spread} {precision}: bounds in {seconds:.2f} s cpu, "
                       f"flagged {flagged}", flush=True)
-    return {"rows": rows, "bounds": _bound_summary(rows)}
+    return {"rows": rows, "bounds": _bound_summary(rows), "members": members, "classes": classes}
 
 
 def _bound_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -196,11 +206,12 @@ def _bound_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _concat(outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
+    outputs = [o for o in outputs if o]  # a recipe without OOD rows has no OOD outputs
+    return {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]} if outputs else {}
 
 
 def _subset(outs: dict[str, np.ndarray], rows: np.ndarray) -> list[dict[str, np.ndarray]]:
-    return [{k: v[rows] for k, v in outs.items()}]
+    return [{k: v[rows] for k, v in outs.items()}] if outs else []
 
 
 def _moved_beyond(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], precision: str) -> dict[str, Any]:
@@ -208,9 +219,8 @@ def _moved_beyond(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], preci
     the share of samples that moved beyond their d_i and beyond their reach_i (the larger of d_i and
     64 moves of the inputs within their resolution, as resolution.py draws them), and |move| / reach_i."""
     from toolchain.metrics import disagreement, entropy_score, msp_score, mutual_information
-    from toolchain.parity.resolution import ULPS, UNIT_ROUNDOFF, _moves
+    from toolchain.parity.resolution import _moves, reach_eps
 
-    eps = ULPS * UNIT_ROUNDOFF[precision]
     scores = [("msp", msp_score, "probs", "probs"), ("entropy", entropy_score, "probs", "probs")]
     if "member_logits" in ref:
         scores += [("mi", mutual_information, "member_logits", "logits"),
@@ -219,6 +229,7 @@ def _moved_beyond(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], preci
     for name, score, key, inputs in scores:
         s = score(ref[key])
         d = score_resolution(score, ref[key], precision, inputs)
+        eps = reach_eps(precision, inputs)
         reach = np.maximum(d, np.abs(_moves(score, ref[key], inputs, eps, np.random.default_rng(0))[0] - s).max(0))
         moved = np.abs(score(cand[key]) - s)
         ratio = np.where(reach > 0, moved / np.where(reach > 0, reach, 1.0), np.where(moved > 0, np.inf, 0.0))
@@ -328,6 +339,8 @@ def real_part(args: argparse.Namespace) -> dict[str, Any]:
     from eval_size import _per_output
 
     from toolchain.engines import engine_kind
+    from toolchain.models.wrappers import SingleModel
+    from toolchain.parity.weights import weight_parity
 
     kinds = [k.strip() for k in args.engines.split(",") if k.strip()]
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
@@ -388,17 +401,22 @@ def real_part(args: argparse.Namespace) -> dict[str, Any]:
                             continue
                         c_id, c_ood = case.run(runner)
                         verdict = judge(ref_id, c_id, case.labels, ref_ood, c_ood, precision)
+                        graph = Path(tmp) / f"wrong.{precision}.onnx"  # what wrong_runner wrote and ran
+                        weights = weight_parity(graph, SingleModel(case.base), precision)
                         # the numeric rule on the same outputs and batches (eval_size's bookkeeping)
                         numeric = {name: _per_output([*ref_id, *ref_ood], [*c_id, *c_ood], name, precision, 0,
                                                      n_id_feeds)["passes_default_rule"] for name in outputs}
                         rows.append({"weight": w, "checks": verdict, "numeric_passes": numeric,
+                                     "weights_caught": not weights.passed,
+                                     "weights_failing": [m.initializer for m in weights.failures],
                                      "seconds": time.time() - t})
                     key = f"{kind} {precision} {fault}"
                     out["wrong"][key] = rows
                     done = [r for r in rows if "checks" in r]
                     print(f"wrong {key}: rank gate flags {tally(r['checks'] for r in done)['new_flagged']}/"
                           f"{len(done)} (former rule {tally(r['checks'] for r in done)['old_flagged']}), numeric "
-                          f"rule {sum(not all(r['numeric_passes'].values()) for r in done)}/{len(done)}", flush=True)
+                          f"rule {sum(not all(r['numeric_passes'].values()) for r in done)}/{len(done)}, weights "
+                          f"{sum(r['weights_caught'] for r in done)}/{len(done)}", flush=True)
     out["seconds"]["total"] = time.time() - t0
     return out
 
@@ -422,16 +440,19 @@ def _rate(k: int, n: int) -> str:
 def markdown(result: dict[str, Any], command: str) -> str:
     lines = ["# Rank-metric gate: calibrated bound vs worst case", "",
              f"Written by `{command}` ({result['seconds']:.0f} s). Rules (toolchain/parity/resolution.py): **new** "
-             "= `|delta| <= max(limit, bound)` passes, `bound` the 0.999 quantile of the metric's change over "
-             "1,000 seeded draws of every reference score within its resolution; not resolvable only on flat "
-             "scores. **old** = the former worst-case rule: when the worst case exceeds the tolerance, the "
-             "check is not resolvable unless the change exceeds the worst case. Counts are pass / fail / not "
-             "resolvable over rank checks; a candidate is *flagged* when at least one of its rank checks fails.",
+             "= `|delta| <= max(limit, bound)` passes, `bound` the largest change of the metric over 1,000 "
+             "seeded draws of every reference score within its reach (draws where it is undefined left out); "
+             "not resolvable only on flat scores or when too few draws are defined. **old** = the former "
+             "worst-case rule: when the worst case exceeds the tolerance, the check is not resolvable unless "
+             "the change exceeds the worst case. Counts are pass / fail / not "
+             "resolvable over rank checks and the flip-judged accuracy and ECE checks (toolchain/parity/flips.py; "
+             "**old** for them: the plain tolerance); a candidate is *flagged* when at least one of them fails.",
              ""]
     syn = result.get("synthetic")
     if syn:
         sizes = sorted({(r["n_id"], r["n_ood"]) for r in syn["rows"]})
-        lines += ["## (a) Synthetic Hydra outputs (3 members, 3 classes)", "",
+        lines += [f"## (a) Synthetic Hydra outputs ({syn.get('members', 3)} members, {syn.get('classes', 3)} "
+                  "classes)", "",
                   f"Sizes {', '.join(f'{a}+{b}' for a, b in sizes)}"
                   f" ID+OOD rows x logit spreads {', '.join(f'{s:g}' for s in SPREADS)} x FP16/BF16, "
                   f"{syn['rows'][0]['candidates']} seeded candidates per variant and setting (benchmarks/rank_gate/"
@@ -482,7 +503,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         for label, c in real["correct"].items():
             t = tally([c["checks"]])
             s = tally(real["subsets"][label])
-            ok = [m for m in c["checks"].values() if not math.isnan(m["delta"])]
+            ok = [m for m in c["checks"].values() if not math.isnan(m["delta"]) and m["bound"] is not None]
             over = sum(m["bound"] > m["limit"] for m in ok)
             by_limit = max(abs(m["delta"]) / m["limit"] for m in ok)
             by_bound = max((abs(m["delta"]) / m["bound"] for m in ok if m["bound"] > 0), default=0.0)
@@ -502,8 +523,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
         if real["wrong"]:
             lines += ["", "Wrong graphs (the single model's FP32 graph, one MatMul weight perturbed, converted):", "",
                       _row(["engine, precision, fault", "flagged by the rank gate, new", "old",
-                            "failed by the numeric rule", "either gate, new",
-                            "largest \\|delta\\| / max(limit, bound), median (max)"]), _row(["---"] * 6)]
+                            "failed by the numeric rule", "either gate, new", "failed by weight parity",
+                            "largest \\|delta\\| / max(limit, bound), median (max)"]), _row(["---"] * 7)]
             for key, rows in real["wrong"].items():
                 done = [r for r in rows if "checks" in r]
                 t = tally(r["checks"] for r in done)
@@ -512,10 +533,11 @@ def markdown(result: dict[str, Any], command: str) -> str:
                              or not all(r["numeric_passes"].values()) for r in done)
                 skipped = len(rows) - len(done)
                 ratios = [max(abs(m["delta"]) / max(m["limit"], m["bound"]) for m in r["checks"].values()
-                              if not math.isnan(m["delta"])) for r in done]
+                              if not math.isnan(m["delta"]) and m["bound"] is not None) for r in done]
+                caught = sum(r.get("weights_caught", False) for r in done)
                 lines.append(_row([key + (f" ({skipped} skipped)" if skipped else ""),
                                    _rate(t["new_flagged"], len(done)), _rate(t["old_flagged"], len(done)),
-                                   _rate(numeric, len(done)), _rate(either, len(done)),
+                                   _rate(numeric, len(done)), _rate(either, len(done)), _rate(caught, len(done)),
                                    f"{np.median(ratios):.2f} ({max(ratios):.2f})" if ratios else "-"]))
         lines += ["", "Seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in real["seconds"].items())]
     return "\n".join(lines) + "\n"
@@ -562,6 +584,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seeds", type=int, default=10, help="synthetic candidates per variant and setting")
     p.add_argument("--sizes", type=int, default=len(SIZES), help=f"how many of the synthetic sizes {SIZES}")
+    p.add_argument("--rows", default=None, help="synthetic sizes instead, e.g. 200+200,1000+500 (ID+OOD rows)")
+    p.add_argument("--members", type=int, default=3, help="synthetic Hydra members M")
+    p.add_argument("--classes", type=int, default=3, help="synthetic classes C")
     p.add_argument("--subsets", type=int, default=20, help="seeded 80%% row subsets per real candidate")
     p.add_argument("--wrong-weights", type=int, default=8, help="wrong graphs per fault, precision and engine")
     p.add_argument("--no-deep-ensemble", action="store_true", help="skip the recipe's deep-ensemble baseline "
@@ -573,7 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     result: dict[str, Any] = {}
     if not args.no_synthetic:
-        result["synthetic"] = synthetic_part(args.seeds, SIZES[:args.sizes])
+        sizes = (SIZES[:args.sizes] if args.rows is None else
+                 [tuple(int(x) for x in r.split("+")) for r in args.rows.split(",") if r.strip()])
+        result["synthetic"] = synthetic_part(args.seeds, sizes, args.members, args.classes)
     if not args.no_real:
         result["real"] = real_part(args)
     result["seconds"] = time.time() - t0

@@ -46,7 +46,13 @@ def test_temperature_shift_fails_calibration_metrics_by_name(ensemble):
     failed = {c.metric: c.message() for c in checks if not c.passed}
     assert {"nll", "ece"} <= set(failed)
     assert failed["ece"].startswith("ece: FAIL: reference") and "allowed +-0.005" in failed["ece"]
-    assert "accuracy" not in failed  # a temperature keeps every argmax
+    # a temperature on the members moves the MIXTURE's argmax where members disagree: the accuracy is
+    # the same, yet a prediction changed that no FP32 rounding can flip, and the accuracy check says so
+    ref_pred, cand_pred = outputs(m_id)[0]["probs"].argmax(1), outputs(m_id, 1.5)[0]["probs"].argmax(1)
+    changed = int((ref_pred != cand_pred).sum())
+    accuracy = next(c for c in checks if c.metric == "accuracy")
+    assert changed >= 1 and accuracy.delta == 0 and accuracy.flips.clear_flips == changed
+    assert "that rounding at fp32 cannot flip" in failed["accuracy"]
 
 
 def test_logits_only_model_is_softmaxed():

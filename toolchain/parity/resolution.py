@@ -10,12 +10,17 @@ unjudgeable), how far rounding moves each rank metric.
 The rule
 --------
 1. Resolution of the inputs at precision ``p`` (unit roundoff ``u``: fp32 2^-24, fp16 2^-11,
-   bf16 2^-8): ``K = 4`` unit roundoffs (2 ulps), relative for probabilities (the MSP, entropy and
-   failure scores), ``K*u*max(|z|, 1)`` for member logits (mutual information, disagreement).
-   ``K = 4`` is the measured largest error of correct engines: true FP16 arithmetic moved
-   probabilities by <= 1.9e-3 at p ~ 0.9 (4.3 u), true BF16 by <= 1.9e-2 (5 u at p ~ 0.9, less at
-   higher p) (see :mod:`.tolerances`). ``d_i``: the change of sample ``i``'s score when its inputs
-   move by that much with alternating signs along the class (and member) axes.
+   bf16 2^-8): ``K = ULPS[p][inputs]`` unit roundoffs, relative for probabilities (the MSP, entropy
+   and failure scores), ``K*u*max(|z|, 1)`` for member logits (mutual information, disagreement).
+   ``K`` is the largest move measured on correct engines, rounded up: 10 engines of the
+   own-checkpoint recipe (MiniLM single model and Hydra; ONNX Runtime FP32, FP16 and emulated BF16,
+   OpenVINO FP32 and real BF16 on AVX512-BF16; 600 ID + 300 OOD rows and the generated feeds;
+   ``python benchmarks/rank_gate/reach.py``, benchmarks/rank_gate/reach-own-checkpoint.json):
+   probabilities of the top two classes moved by at most 68.4 u (FP32: kernels sum in another order),
+   4.2 u (FP16), 7.9 u (BF16, OpenVINO); member logits by 63.5 u, 9.4 u, 10.1 u. The former single
+   ``K = 4`` came from true FP16/BF16 arithmetic on one graph; real BF16 engines moved up to twice
+   that. ``d_i``: the change of sample ``i``'s score when its inputs move by that much with
+   alternating signs along the class (and member) axes.
 2. Rounded scores: ``MOVES = 64`` times, every input of every sample moves by an independent
    amount uniform within its resolution and the score is recomputed (a discrete score such as
    disagreement stays on its grid; for ``failure_auroc`` the predicted class is recomputed too,
@@ -30,38 +35,48 @@ The rule
 4. Calibrated bound ``bound``: a correct engine's rounding errors are not all against the
    detector at once. ``DRAWS = 1000`` times, every sample takes one of its rounded scores (and
    labels) at random, independently of the others, and the metric is recomputed
-   (:func:`rank_metrics`, vectorised over the draws); ``bound`` is the ``QUANTILE = 0.999``
-   quantile (numpy's linear interpolation: between the two largest of the 1,000 values) of
-   ``|metric(draw) - metric(reference)|``. Every random number is seeded (``SEED``, one stream
-   per score): the same reference and precision always give the same bound. Uniform within
-   ``K`` unit roundoffs is wider than real rounding (most errors of a correct engine are a
-   fraction of its largest), so the bound errs towards passing correct engines;
-   benchmarks/rank_gate measures its false-alarm rate on correct engines and its catch rate on
-   broken ones. When ``worst_case <= limit`` and no prediction can flip, the draws are skipped
-   (no bound can then change the verdict) and ``bound = worst_case``, ``draws = 0``.
+   (:func:`rank_metrics`, vectorised over the draws); ``bound`` is the LARGEST
+   ``|metric(draw) - metric(reference)|`` over the draws (a stated maximum: with 1,000 draws a 0.999
+   quantile, the former estimator, is the largest draw or two, not a statistic). A draw in which
+   rounding leaves one class empty (failure AUROC when every error flipped to right) has no metric:
+   it is counted (``undefined``) and left out, never taken as a change of 1.0 (two such draws used
+   to make the bound 1.0, so that the check could never fail). With fewer than ``MIN_DEFINED = 100``
+   defined draws no bound can be stated and the check is **not resolvable** (too few failures, or
+   OOD rows, to rank). Every random number is seeded (``SEED``, one stream per score): the same
+   reference and precision always give the same bound. Uniform within ``K`` unit roundoffs is wider
+   than real rounding (most errors of a correct engine are a fraction of its largest), so the bound
+   errs towards passing correct engines; benchmarks/rank_gate measures its false-alarm rate on
+   correct engines and its catch rate on broken ones. When ``worst_case <= limit`` and no prediction
+   can flip, the draws are skipped (no bound can then change the verdict) and ``bound =
+   worst_case``, ``draws = 0``.
 5. Flat scores: when the intervals ``[s_i - reach_i, s_i + reach_i]`` of ALL the reference's
    scores (both groups) share a point, i.e. ``max(s_i - reach_i) < min(s_i + reach_i)``, rounding
    alone can put the samples in any order and the metric carries no information at this
-   precision (the near-untrained case). Only then can a check be **not resolvable**.
+   precision (the near-untrained case). Only then, and with too few defined draws (step 4), can a
+   check be **not resolvable**.
 6. Verdict of the rank check, with ``limit`` its tolerance and ``delta`` the candidate's change:
 
    * flat scores and ``worst_case > limit``: ``|delta| > worst_case`` fails (more than any
      rounding can do: a broken engine, however flat the scores), otherwise **not resolvable**
      (neither pass nor fail; the numeric checks still gate);
+   * too few defined draws: not resolvable (a candidate whose metric is undefined too is judged by
+     :mod:`toolchain.parity.flips`: undefined after flips within rounding only is not resolvable);
    * otherwise: ``|delta| <= max(limit, bound)`` passes, a larger change fails.
 
 Example: a near-untrained model whose mean confidences span 0.33648-0.33657 (9e-5, below FP16's
 spacing of 2.4e-4 at 0.34): every score's interval covers the whole spread, so its rank checks
 are not resolvable (tests/parity/test_parity_resolution.py). The default recipe's Hydra at BF16
 (``onnxrt-cpu-bf16emu``, 1,000 ID + 500 OOD rows): the former worst-case rule left 12 of its 13
-rank checks not resolvable per engine; with the calibrated bound all 13 pass, 4 of them on a bound
-above the tolerance (``fpr95_mi``: bound 0.024, the matmul graph's change -0.012 exceeds the
-tolerance 0.01), the largest change 0.81 of its bound (benchmarks/rank_gate/results.md).
+rank checks not resolvable per engine; with the calibrated bound (then ``K = 4``, the 0.999 quantile)
+all 13 passed, 4 of them on a bound above the tolerance (``fpr95_mi``: bound 0.024, the matmul
+graph's change -0.012 exceeds the tolerance 0.01). benchmarks/rank_gate/results.md has the rates
+under the current rule.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -72,18 +87,24 @@ import numpy as np
 from toolchain.metrics import disagreement, entropy_score, msp_score, mutual_information
 from toolchain.metrics.ood import TPR_TARGET
 
-__all__ = ["DRAWS", "QUANTILE", "RANK_PREFIXES", "SEED", "ULPS", "UNIT_ROUNDOFF", "RankResolution",
-           "is_rank_metric", "rank_metrics", "rank_resolutions", "score_resolution"]
+__all__ = ["DRAWS", "MIN_DEFINED", "RANK_PREFIXES", "SEED", "ULPS", "UNIT_ROUNDOFF", "RankResolution",
+           "is_rank_metric", "rank_metrics", "rank_resolutions", "reach_eps", "score_resolution"]
 
 #: metric name prefixes of the rank (order-only) metrics of :func:`toolchain.metrics.uq_report`.
 RANK_PREFIXES: tuple[str, ...] = ("failure_auroc", "auroc_", "aupr_", "fpr95_")
 #: unit roundoff (half the spacing at 1) of each precision.
 UNIT_ROUNDOFF: dict[str, float] = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
-#: a correct engine's score inputs move by about this many unit roundoffs (measured, see the docstring).
-ULPS = 4.0
-#: Monte Carlo draws of the calibrated bound, its quantile of |metric change|, and the seed.
+#: how many unit roundoffs a correct engine moves a score's inputs, per precision and input kind: the
+#: largest move measured on 10 correct engines, rounded up (module docstring, step 1;
+#: benchmarks/rank_gate/reach-own-checkpoint.json)
+ULPS: dict[str, dict[str, float]] = {"fp32": {"probs": 69.0, "logits": 64.0},
+                                     "fp16": {"probs": 5.0, "logits": 10.0},
+                                     "bf16": {"probs": 8.0, "logits": 11.0}}
+#: Monte Carlo draws of the calibrated bound (the bound is the LARGEST change over them), and the seed.
 DRAWS = 1000
-QUANTILE = 0.999
+#: fewer draws than this with the metric defined (rounding alone leaves one class empty in the rest):
+#: no bound can be stated and the check is not resolvable (too few failures, or OOD rows, to rank).
+MIN_DEFINED = 100
 SEED = 0
 MOVES = 64  # rounded values of each sample's score that the draws pick from
 _PER_PASS = 16  # moves computed at once (memory: [16, N, M, C] float64 member logits)
@@ -92,6 +113,15 @@ _METRICS = ("auroc", "aupr", "fpr95")
 _STREAMS = ("failure", "msp", "entropy", "mi", "disagreement")  # one random stream per score, by name
 _CACHE: OrderedDict[str, dict[str, RankResolution]] = OrderedDict()  # a verdict judges many candidates
 _CACHE_SIZE = 8  # against one reference: the draws are made once per (reference, precision, limits)
+
+
+def reach_eps(precision: str, inputs: str = "probs") -> float:
+    """How far a correct engine at ``precision`` moves a score's ``inputs`` (``probs`` | ``logits``), relative.
+
+    ``ULPS[precision][inputs]`` unit roundoffs of the precision.
+    """
+    p = precision if precision in UNIT_ROUNDOFF else "fp32"
+    return ULPS[p][inputs] * UNIT_ROUNDOFF[p]
 
 
 def _rng(name: str, part: int = 0) -> np.random.Generator:
@@ -115,17 +145,23 @@ class RankResolution:
     precision: str
     score_delta: float  # the largest per-sample reach_i: how far rounding of the inputs moves a score
     score_spread: float  # max - min of the reference's scores (both groups)
-    bound: float  # calibrated: the QUANTILE of |metric change| over DRAWS independent draws of rounded scores
+    bound: float  # calibrated: the largest |metric change| over the draws of rounded scores where it is defined
     worst_case: float  # every score pushed by reach_i against (or for) the detector
     flat: bool  # every interval [s_i - reach_i, s_i + reach_i] shares one point: any order is rounding
     n_positive: int
     n_negative: int
     step: float  # the metric's resolution: 1/n_negative (fpr95), 1/(n_pos*n_neg) (auroc, aupr)
     draws: int  # Monte Carlo draws behind ``bound`` (0: skipped, the worst case is within the limit)
+    undefined: int = 0  # draws in which rounding alone left no positive (or no negative): metric undefined
+
+    @property
+    def too_few(self) -> bool:
+        """Rounding alone leaves the metric undefined in all but fewer than MIN_DEFINED draws: no bound."""
+        return self.draws > 0 and self.draws - self.undefined < MIN_DEFINED
 
     def resolvable(self, limit: float) -> bool:
-        """False only for flat scores whose worst case exceeds ``limit`` (the check cannot decide)."""
-        return not self.flat or self.worst_case <= limit
+        """False for flat scores whose worst case exceeds ``limit``, and where too few draws are defined."""
+        return not self.too_few and (not self.flat or self.worst_case <= limit)
 
     def allowed(self, limit: float) -> float:
         """The largest ``|delta|`` that passes on resolvable scores: ``max(limit, bound)``."""
@@ -136,11 +172,16 @@ class RankResolution:
         # one console line (the numbers behind it are in to_dict(): report.json)
         where = (f"(resolution {self.score_delta:.3g}, spread {self.score_spread:.3g}; "
                  f"{self.n_positive} pos/{self.n_negative} neg, step {self.step:.3g})")
+        if self.too_few:
+            return (f"too few {'failures' if self.metric == 'failure_auroc' else 'positives or negatives'} to "
+                    f"rank {where}: {self.precision} rounding alone leaves one class empty in {self.undefined} "
+                    f"of {self.draws} draws")
         if not self.resolvable(limit):
             return (f"flat reference scores {where}: {self.precision} rounding alone can move it by "
                     f"{self.worst_case:.4g} > {limit:.4g}")
-        return (f"{self.precision} rounding {where} moves it by up to {self.bound:.4g} (q{QUANTILE:g} of "
-                f"{self.draws} draws; worst case {self.worst_case:.4g})")
+        undefined = f", {self.undefined} undefined left out" if self.undefined else ""
+        return (f"{self.precision} rounding {where} moves it by up to {self.bound:.4g} (the largest of "
+                f"{self.draws} draws{undefined}; worst case {self.worst_case:.4g})")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
@@ -244,7 +285,7 @@ def score_resolution(score: Callable[[np.ndarray], np.ndarray], x: np.ndarray, p
         precision: ``fp32`` | ``fp16`` | ``bf16``.
         inputs: ``probs`` or ``logits``: how the inputs are perturbed (module docstring, step 1).
     """
-    eps = ULPS * UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["fp32"])
+    eps = reach_eps(precision, inputs)
     perturb = _perturbed_probs if inputs == "probs" else _perturbed_logits
     base = score(x)
     return np.maximum(np.abs(score(perturb(x, eps)) - base), np.abs(score(perturb(x, -eps)) - base))
@@ -276,8 +317,8 @@ def _moves(score: Callable[[np.ndarray], np.ndarray], x: np.ndarray, inputs: str
 
 def _group(s: np.ndarray, pos: np.ndarray, moved: np.ndarray, moved_pos: np.ndarray | None, reach: np.ndarray,
            limits: Mapping[str, float] | None, keys: Mapping[str, str],
-           rng: np.random.Generator) -> dict[str, tuple[float, float, int]]:
-    """``{metric: (worst case, calibrated bound, draws)}`` of one score on one sample set.
+           rng: np.random.Generator) -> dict[str, tuple[float, float, int, int]]:
+    """``{metric: (worst case, calibrated bound, draws, undefined draws)}`` of one score on one sample set.
 
     ``moved [R, n]``: each sample's rounded scores (:func:`_moves`); ``moved_pos [R, n]``: whether
     it is positive in each (failure AUROC: whether the prediction is wrong), None: never changes;
@@ -289,7 +330,7 @@ def _group(s: np.ndarray, pos: np.ndarray, moved: np.ndarray, moved_pos: np.ndar
     worst = {m: float(np.abs(pushed[m] - ref[m]).max()) for m in keys}
     flips = moved_pos is not None and bool((moved_pos != pos).any())
     if not flips and limits is not None and all(worst[m] <= limits.get(key, 0.0) for m, key in keys.items()):
-        return {m: (worst[m], worst[m], 0) for m in keys}
+        return {m: (worst[m], worst[m], 0, 0) for m in keys}
     by_score = np.argsort(s, kind="stable")  # then every draw is nearly sorted: a faster argsort
     moved = moved[:, by_score]
     moved_pos = moved_pos[:, by_score] if flips else pos[by_score]
@@ -298,12 +339,15 @@ def _group(s: np.ndarray, pos: np.ndarray, moved: np.ndarray, moved_pos: np.ndar
     for done in range(0, DRAWS, _CHUNK):
         pick = rng.integers(0, MOVES, (min(_CHUNK, DRAWS - done), len(s)))  # each sample: one of its moves
         got = rank_metrics(moved[pick, columns], moved_pos[pick, columns] if flips else moved_pos)
-        for m in keys:  # a draw where the metric is undefined (one class gone) counts as its whole range
-            changes[m].append(np.nan_to_num(np.abs(got[m] - ref[m]), nan=1.0))
+        for m in keys:
+            changes[m].append(np.abs(got[m] - ref[m]))
     out = {}
     for m in keys:
         every = np.concatenate(changes[m])
-        out[m] = (max(worst[m], float(every.max())), float(np.quantile(every, QUANTILE)), DRAWS)
+        defined = every[~np.isnan(every)]  # a draw where rounding left one class empty has no metric to
+        undefined = int(every.size - defined.size)  # compare: counted, never taken as a change of 1.0
+        bound = float(defined.max()) if defined.size else math.inf
+        out[m] = (max(worst[m], bound) if defined.size else worst[m], bound, DRAWS, undefined)
     return out
 
 
@@ -352,7 +396,7 @@ def _resolutions(probs_id: np.ndarray, labels: np.ndarray, probs_ood: np.ndarray
                  members_id: np.ndarray | None, members_ood: np.ndarray | None, precision: str,
                  limits: Mapping[str, float] | None) -> dict[str, RankResolution]:
     out: dict[str, RankResolution] = {}
-    eps = ULPS * UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["fp32"])
+    eps = reach_eps(precision)  # of probabilities; member logits: reach_eps(precision, "logits")
     # (score name, {metric: report key}, scores s_i (higher: positive), positive mask, rounded scores [R, n],
     #  rounded positive masks [R, n] or None, d_i)
     groups: list[tuple[str, dict[str, str], np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]] = []
@@ -373,7 +417,8 @@ def _resolutions(probs_id: np.ndarray, labels: np.ndarray, probs_ood: np.ndarray
         s = np.concatenate([score(x_id), score(x_ood)])
         d = np.concatenate([score_resolution(score, x_id, precision, inputs),
                             score_resolution(score, x_ood, precision, inputs)])
-        moved = np.concatenate([_moves(score, x_id, inputs, eps, rng)[0], _moves(score, x_ood, inputs, eps, rng)[0]],
+        e = reach_eps(precision, inputs)
+        moved = np.concatenate([_moves(score, x_id, inputs, e, rng)[0], _moves(score, x_ood, inputs, e, rng)[0]],
                                axis=1)
         pos = np.r_[np.zeros(len(x_id), bool), np.ones(len(x_ood), bool)]
         groups.append((name, {m: f"{m}_{name}" for m in _METRICS}, s, pos, moved, None, d))
@@ -383,8 +428,8 @@ def _resolutions(probs_id: np.ndarray, labels: np.ndarray, probs_ood: np.ndarray
         n_pos, n_neg = int(pos.sum()), int((~pos).sum())
         flat = bool(np.max(s - reach) < np.min(s + reach))  # every interval [s - reach, s + reach] overlaps
         for metric, key in keys.items():
-            worst, bound, draws = values[metric]
+            worst, bound, draws, undefined = values[metric]
             step = 1.0 / n_neg if metric == "fpr95" else 1.0 / (n_pos * n_neg)
             out[key] = RankResolution(key, precision, float(reach.max()), float(np.ptp(s)), bound, worst, flat,
-                                      n_pos, n_neg, step, draws)
+                                      n_pos, n_neg, step, draws, undefined)
     return out

@@ -15,12 +15,20 @@ with that reason (the metrics cannot be computed), so nothing is silently skippe
 Rank metrics (``failure_auroc``, ``auroc_*``, ``aupr_*``, ``fpr95_*``) are judged against how far
 rounding at the candidate's precision moves them on these samples, computed from the reference's
 outputs alone (:mod:`toolchain.parity.resolution`): ``|delta| <= max(limit, bound)`` passes, where
-``bound`` is the calibrated rounding bound (the 0.999 quantile of the metric's change over 1,000
-seeded random moves of every reference score within its resolution); a larger change fails. Only
+``bound`` is the calibrated rounding bound (the largest change of the metric over 1,000 seeded
+random moves of every reference score within its reach, draws where rounding leaves the metric
+undefined left out and counted); a larger change fails. A check is reported as ``unresolved`` (not
+resolvable: neither pass nor fail, with the reason; the numeric checks still gate the engine) only
 when the reference's scores are flat (every score within rounding of every other: the
-near-untrained case) and the worst case of rounding exceeds the tolerance is a check reported as
-``unresolved`` (not resolvable: neither pass nor fail, with the reason; a change beyond that worst
-case still fails), and the numeric checks still gate the engine.
+near-untrained case) and the worst case of rounding exceeds the tolerance (a change beyond that
+worst case still fails), or when rounding alone leaves the metric undefined in all but a few
+draws (too few failures, or OOD rows, to rank).
+
+Flip-sensitive metrics (accuracy, ECE; failure AUROC when one side is undefined) are judged by which
+of the reference's predictions rounding at the candidate's precision can flip
+(:mod:`toolchain.parity.flips`): near-ties may flip, clear-margin predictions may not (beyond the
+tolerance read as a number of samples), so a tolerance smaller than one sample neither fails a
+correct engine nor lets a broken one pass.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from toolchain.errors import ToolchainError
 from toolchain.metrics import report_keys, uq_report
 from toolchain.metrics._validation import MetricInputError
 from toolchain.metrics.classification import paired_ece
+from toolchain.parity.flips import FlipResolution, flip_resolution
 from toolchain.parity.resolution import RankResolution, rank_resolutions
 from toolchain.parity.tolerances import MetricTolerance, evaluate_metric, resolve_metric_tolerance, within_limit
 
@@ -71,6 +80,7 @@ class MetricCheck:
     reason: str = ""
     resolvable: bool = True  # False: a rank metric on flat reference scores (not pass, not fail)
     resolution: RankResolution | None = None
+    flips: FlipResolution | None = None  # accuracy, ECE, failure AUROC: which predictions rounding can flip
 
     @property
     def status(self) -> str:
@@ -95,6 +105,7 @@ class MetricCheck:
         out["tolerance"] = self.tolerance.to_dict()
         out["status"] = self.status
         out["resolution"] = None if self.resolution is None else self.resolution.to_dict()
+        out["flips"] = None if self.flips is None else self.flips.to_dict()
         return out
 
 
@@ -195,6 +206,7 @@ def uq_parity(
         expected = report_keys(ref_ood is not None, ref_mid is not None)
         lacks = (f"candidate report lacks {missing} (the reference's has {list(expected)}): an output it needs "
                  f"is missing ({names.member_logits!r}?)")
+    flips = flip_resolution(ref_id, labels, None if problem else cand_id, precision)
     checks = []
     for key in keys:
         tol = resolve_metric_tolerance(tolerances, key)
@@ -206,9 +218,31 @@ def uq_parity(
         cand_val = float(cand_report[key])
         passed, delta, limit = evaluate_metric(ref_val, cand_val, tol)
         reason, resolvable, res = "", True, resolutions.get(key)
+        flip = flips if key in ("accuracy", "ece", "failure_auroc") else None
         if math.isnan(ref_val) or math.isnan(cand_val):
-            reason = ("undefined (NaN) for both" if passed else
-                      f"reference {ref_val!r} vs candidate {cand_val!r}: one is undefined (NaN)")
+            if passed:
+                reason = "undefined (NaN) for both"
+            elif key == "failure_auroc" and flips.changed and not flips.clear_flips:
+                # rounding flipped a near-tie and so made (or left) no error to rank on one side
+                resolvable, reason = False, ("not resolvable: too few failures to rank (undefined on one side "
+                                             "after flips within rounding): " + flips.describe())
+            else:
+                reason = f"reference {ref_val!r} vs candidate {cand_val!r}: one is undefined (NaN)"
+                if key == "failure_auroc":
+                    reason += f"; {flips.describe()}"
+        elif key == "accuracy":
+            passed, reason = _judge_accuracy(delta, limit, ref_val, cand_val, flips)
+        elif key == "ece" and flips.near_tie_flips:  # each flip within rounding moves a paired ECE by <= 1/N
+            allowed = flips.ece_allowed(limit)
+            passed = within_limit(delta, allowed, ref_val, cand_val)
+            reason = (f"allowed +-{allowed:.4g} = tolerance + {flips.near_tie_flips}/{flips.n} near-tie flips: "
+                      f"{flips.describe()}")
+        elif res is not None and res.too_few:  # rounding alone empties a class in most draws: no bound
+            if within_limit(delta, max(limit, res.worst_case), ref_val, cand_val):
+                resolvable, reason = False, "not resolvable: " + res.reason(limit)
+            else:  # more than the worst case of rounding: a broken engine, however few failures
+                passed, reason = False, (f"the change exceeds even the worst case of rounding at {precision} "
+                                         f"({res.worst_case:.4g}; {res.reason(limit)})")
         elif res is not None and not res.resolvable(limit):  # flat scores: only beyond the worst case fails
             if within_limit(delta, res.worst_case, ref_val, cand_val):
                 resolvable, reason = False, "not resolvable: " + res.reason(limit)
@@ -220,5 +254,23 @@ def uq_parity(
             passed = within_limit(delta, res.bound, ref_val, cand_val)
             reason = (f"{'within' if passed else 'beyond'} what rounding at {precision} causes on these scores: "
                       f"allowed +-{res.bound:.4g} > tolerance: {res.reason(limit)}")
-        checks.append(MetricCheck(key, ref_val, cand_val, delta, limit, tol, passed, reason, resolvable, res))
+        checks.append(MetricCheck(key, ref_val, cand_val, delta, limit, tol, passed, reason, resolvable, res, flip))
     return ref_report, checks
+
+
+def _judge_accuracy(delta: float, limit: float, ref_val: float, cand_val: float,
+                    flips: FlipResolution) -> tuple[bool, str]:
+    """Accuracy judged by flips (:mod:`toolchain.parity.flips`): ``(passed, reason)``."""
+    low, high = flips.accuracy_window(limit)
+    in_window = within_limit(delta, -low if delta < 0 else high, ref_val, cand_val)
+    clear_ok = flips.clear_flips <= flips.clear_allowed(limit)
+    if in_window and clear_ok:
+        if not flips.changed:
+            return True, ""
+        return True, f"within rounding: {flips.describe()}"
+    if not clear_ok:
+        rows = ", ".join(map(str, flips.clear_rows))
+        return False, (f"{flips.clear_flips} prediction(s) changed that rounding at {flips.precision} cannot flip "
+                       f"(more than the {flips.clear_allowed(limit)} the tolerance admits; rows {rows}): "
+                       f"{flips.describe()}")
+    return False, (f"beyond what rounding explains (allowed {low:+.4g} .. {high:+.4g}): {flips.describe()}")
