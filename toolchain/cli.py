@@ -51,7 +51,8 @@ RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default
 ProfileOpt = Annotated[str | None, typer.Option("--profile", "-p", metavar="NAME",
                                                 help="recipe profile to apply, e.g. quick")]
 ForceOpt = Annotated[list[str] | None, typer.Option("--force", metavar="STAGE",
-                                                    help="rerun this stage even if up to date (repeatable)")]
+                                                    help="rerun this stage and every stage downstream of "
+                                                         "it, even if up to date (repeatable)")]
 
 
 @app.callback()
@@ -383,7 +384,11 @@ def parity(
     rescue: Annotated[bool, typer.Option("--rescue", help="for failing FP16/BF16 graphs, find the smallest set "
                                          "of nodes to keep in FP32 and write the passing graph")] = False,
     localize: Annotated[bool, typer.Option("--localize", help="for failing graphs, name where they first diverge "
-                                           "(vs PyTorch; FP16/BF16 also vs the FP32 graph)")] = False,
+                                           "(vs PyTorch; node by node vs --baseline or, FP16/BF16, the FP32 "
+                                           "graph)")] = False,
+    baseline: Annotated[Path | None, typer.Option("--baseline", metavar="GRAPH", help="with --localize: a reference "
+                                                  "ONNX graph to compare every failing graph with node by node (no "
+                                                  "module-scoped node names needed)", show_default=False)] = None,
     profile: ProfileOpt = None,
     force: ForceOpt = None,
 ) -> None:
@@ -405,6 +410,10 @@ def parity(
     for option, value in (("--max-length", max_length), ("--batch-size", batch_size), ("--max-rows", max_rows)):
         if value is not None and value < (2 if option == "--max-length" else 1):
             raise ToolchainError(f"{option} {value}: use a positive number.")
+    if baseline is not None and not localize:
+        raise ToolchainError("--baseline GRAPH is the reference of --localize: add --localize.")
+    if baseline is not None and (not baseline.is_file() or baseline.suffix != ".onnx"):
+        raise ToolchainError(f"--baseline '{baseline}' is not an ONNX file (give the .onnx graph to compare with).")
     tolerances, uq_tolerances = parse_tolerance_options(tol or (), uq_tol or ())
     for flag, path in (("--out", out), ("--json", json_file), ("--junit", junit), ("--save-inputs", save_inputs)):
         if path is not None and any(path.resolve() == g.resolve() for g in graphs):
@@ -412,7 +421,7 @@ def parity(
     options = ParityOptions(data=data, ood=ood, inputs=inputs, tokenizer=tokenizer, max_length=max_length,
                             batch_size=batch_size, max_rows=max_rows, tolerances=tolerances,
                             uq_tolerances=uq_tolerances, engine=engine, precision=precision, save_inputs=save_inputs,
-                            localize=localize)
+                            localize=localize, baseline=baseline)
     say = (lambda line: None) if _STATE["quiet"] else (lambda line: console.print(f"  {escape(line)}", highlight=False))
     verdict = check_parity(graphs, reference, options, out=out, say=say)
     _write_reports(verdict, json_file, junit)

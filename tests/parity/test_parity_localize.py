@@ -27,12 +27,12 @@ from toolchain.engines import make_runner
 from toolchain.errors import ToolchainError
 from toolchain.export.precision import float32_to_bfloat16_bits, write_precision_variant
 from toolchain.parity.localize import (
-    localize_against_fp32,
     localize_against_torch,
     module_outputs,
     onnx_runner,
     pick_feeds,
 )
+from toolchain.parity.localize_graph import localize_against_fp32
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
 

@@ -10,11 +10,25 @@ Default FP32 operators (:data:`DEFAULT_KEEP_FP32_OPS`) and why:
   (a field complaint on BERT/ViT) and the mean subtraction cancels digits;
 * ``Softmax``/``LogSoftmax``: an exp and a long sum over the axis;
 * reductions (``ReduceMean``, ``ReduceSum``, ``CumSum`` ...): long sums accumulate rounding;
-* ``Exp``/``Log``/``Pow``/``Sqrt``/``Reciprocal``/``Erf``/``Softplus``: range-sensitive maths.
+* ``Exp``/``Log``/``Pow``/``Sqrt``/``Reciprocal``/``Erf``/``Softplus``: range-sensitive maths;
+* ``Sin``/``Cos``: rotary position angles (see below).
 
 Exporters below opset 17 decompose LayerNorm into ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div;
 :func:`decomposed_layernorm_nodes` finds that pattern so its Sub/Add/Div stay FP32 too. At opset
 17 the TorchScript exporter emits one ``LayerNormalization`` node (checked on tiny BERT).
+
+Two more FP32 islands for decoder families (LLaMA), found by :func:`decomposed_rmsnorm_nodes` and
+:func:`rotary_angle_nodes`:
+
+* a decomposed RMSNorm (``Pow(x, 2) -> ReduceMean -> Add(eps) -> Sqrt -> Div(1, .) -> Mul(x, .)``)
+  keeps its Add/Div/Mul in FP32 whenever ``RMSNormalization`` is kept: FP16's smallest normal value
+  is 6.1e-5, so the mean square of a row whose activations are below ~8e-3 RMS (padding rows,
+  untrained embeddings of unseen words) and an ``eps`` of 1e-6 are subnormal there, with a few
+  significant bits left, and the reciprocal square root carries that error into every feature;
+* the nodes computing the argument of ``Sin``/``Cos`` (RoPE's ``position x inv_freq`` and the
+  ``Concat`` of the two halves) stay FP32 with them: FP16's spacing is 0.03 between 32 and 64 and
+  0.06 up to 128, so at a late position the rotation angle (and so every query and key) is off by up
+  to that much, far beyond FP16's relative rounding of the activations.
 """
 
 from __future__ import annotations
@@ -30,6 +44,10 @@ _NORM = "normalisation: activation variance overflows FP16 and the mean subtract
 _SOFTMAX = "softmax: exp and a sum over the axis; probabilities and their normaliser stay FP32"
 _REDUCE = "reduction: long sums accumulate rounding error and can overflow in 16 bits"
 _MATH = "range-sensitive maths: overflows (Exp, Pow) or loses relative precision (Log, Erf, Sqrt) in 16 bits"
+_RMS = ("part of a decomposed RMSNorm: the mean square of small activations and eps are subnormal in FP16 "
+        "(below 6.1e-5), and the reciprocal square root spreads their error over the row")
+_ANGLE = ("rotary angle: position x frequency needs absolute precision (FP16's spacing is 0.03 at 32-64 rad) "
+          "before Sin/Cos")
 
 #: Operators kept in FP32 by default, with the reason recorded for each kept node.
 DEFAULT_KEEP_FP32_OPS: Mapping[str, str] = MappingProxyType(
@@ -42,6 +60,7 @@ DEFAULT_KEEP_FP32_OPS: Mapping[str, str] = MappingProxyType(
             ["ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum",
              "ReduceLogSumExp", "ReduceProd", "CumSum"], _REDUCE),
         **dict.fromkeys(["Exp", "Log", "Pow", "Sqrt", "Reciprocal", "Erf", "Softplus"], _MATH),
+        **dict.fromkeys(["Sin", "Cos"], _ANGLE),
     }
 )
 
@@ -70,6 +89,8 @@ class RuleContext:
     keep_ops: Mapping[str, str]
     keep_nodes: frozenset[str]
     layernorm_nodes: dict[str, str] = field(default_factory=dict)
+    rmsnorm_nodes: dict[str, str] = field(default_factory=dict)
+    angle_nodes: dict[str, str] = field(default_factory=dict)
 
     @property
     def low_type(self) -> int:
@@ -166,6 +187,20 @@ def rule_decomposed_layernorm(node: onnx.NodeProto, ctx: RuleContext) -> str | N
     return ctx.layernorm_nodes.get(node.name)
 
 
+def rule_decomposed_rmsnorm(node: onnx.NodeProto, ctx: RuleContext) -> str | None:
+    """Nodes of a decomposed RMSNorm, kept whenever ``RMSNormalization`` is kept FP32."""
+    if "RMSNormalization" not in ctx.keep_ops:
+        return None
+    return ctx.rmsnorm_nodes.get(node.name)
+
+
+def rule_rotary_angle(node: onnx.NodeProto, ctx: RuleContext) -> str | None:
+    """Nodes computing the argument of a ``Sin``/``Cos``, kept whenever those are kept FP32."""
+    if not ({"Sin", "Cos"} & set(ctx.keep_ops)):
+        return None
+    return ctx.angle_nodes.get(node.name)
+
+
 def rule_subgraph(node: onnx.NodeProto, ctx: RuleContext) -> str | None:
     """Control flow (If/Loop/Scan): its body is not converted."""
     del ctx
@@ -184,7 +219,8 @@ def rule_schema(node: onnx.NodeProto, ctx: RuleContext) -> str | None:
 
 #: Rules in the order they are tried.
 DEFAULT_RULES: tuple[Rule, ...] = (
-    rule_listed_node, rule_decomposed_layernorm, rule_listed_op, rule_subgraph, rule_schema,
+    rule_listed_node, rule_decomposed_layernorm, rule_decomposed_rmsnorm, rule_rotary_angle, rule_listed_op,
+    rule_subgraph, rule_schema,
 )
 
 
@@ -241,6 +277,71 @@ def decomposed_layernorm_nodes(graph: onnx.GraphProto) -> dict[str, str]:
     return found
 
 
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    found: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            found.setdefault(name, []).append(node)
+    return found
+
+
+def decomposed_rmsnorm_nodes(graph: onnx.GraphProto) -> dict[str, str]:
+    """Find decomposed RMSNorms (Hugging Face's ``LlamaRMSNorm`` under the TorchScript exporter).
+
+    ``Pow(x, 2)|Mul(x, x) -> ReduceMean -> Add -> Sqrt``, then ``Div(x, s)`` or the rsqrt form
+    ``Div(1, s)|Reciprocal -> Mul(x, .)``.
+
+    Returns:
+        node name -> reason for every node of each match.
+    """
+    consumers = _consumers(graph)
+
+    def next_op(tensor: str, op: str) -> list[onnx.NodeProto]:
+        return [c for c in consumers.get(tensor, []) if c.op_type == op]
+
+    found: dict[str, str] = {}
+    for sq in graph.node:
+        if sq.op_type == "Pow":
+            x = sq.input[0]
+        elif sq.op_type == "Mul" and len(sq.input) == 2 and sq.input[0] == sq.input[1]:
+            x = sq.input[0]
+        else:
+            continue
+        for mean in next_op(sq.output[0], "ReduceMean"):
+            for add in next_op(mean.output[0], "Add"):
+                for sqrt in next_op(add.output[0], "Sqrt"):
+                    for tail in _normalise_tails(sqrt, x, next_op):
+                        chain = [sq, mean, add, sqrt, *tail]
+                        why = f"{_RMS} ({sq.name} .. {tail[-1].name})"
+                        found.update({n.name: why for n in chain})
+    return found
+
+
+#: ops a rotary angle passes through between the positions and Sin/Cos
+_ANGLE_OPS = frozenset({"Mul", "MatMul", "Concat", "Transpose", "Reshape", "Unsqueeze", "Expand", "Identity", "Div",
+                        "Add", "Squeeze", "Gather", "Slice", "Tile"})
+
+
+def rotary_angle_nodes(graph: onnx.GraphProto, depth: int = 6) -> dict[str, str]:
+    """The nodes computing the argument of each ``Sin``/``Cos`` (up to ``depth`` nodes back through :data:`_ANGLE_OPS`).
+
+    Returns:
+        node name -> reason.
+    """
+    producer = {out: node for node in graph.node for out in node.output if out}
+    found: dict[str, str] = {}
+    for trig in (n for n in graph.node if n.op_type in ("Sin", "Cos")):
+        frontier = [(trig.input[0], 0)]
+        while frontier:
+            name, level = frontier.pop()
+            node = producer.get(name)
+            if node is None or level >= depth or node.op_type not in _ANGLE_OPS or node.name in found:
+                continue
+            found[node.name] = f"{_ANGLE} (the argument of {trig.name})"
+            frontier += [(i, level + 1) for i in node.input if i]
+    return found
+
+
 def classify_nodes(
     graph: onnx.GraphProto, ctx: RuleContext, rules: Iterable[Rule] = DEFAULT_RULES
 ) -> dict[str, NodeDecision]:
@@ -250,6 +351,8 @@ def classify_nodes(
     Node names must be unique (the pass names unnamed nodes first).
     """
     ctx.layernorm_nodes = decomposed_layernorm_nodes(graph)
+    ctx.rmsnorm_nodes = decomposed_rmsnorm_nodes(graph)
+    ctx.angle_nodes = rotary_angle_nodes(graph)
     decisions: dict[str, NodeDecision] = {}
     for node in graph.node:
         if node.op_type == "Constant" or not carries_float(node, ctx.dtypes):

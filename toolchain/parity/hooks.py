@@ -4,7 +4,9 @@
 hook on each submodule asked for, and keeps the first floating-point tensor of its output (a
 tensor, a tuple's first tensor, a dict's or ``ModelOutput``'s first value); :meth:`ModuleValues.profile`
 says how often each submodule runs and the rank of that tensor, so a module called twice (whose ONNX
-scope would be ambiguous) or one without a float output is left out.
+scope would be ambiguous) or one without a float output is left out, and so is one that returns
+several float tensors of that rank (RoPE's ``(cos, sin)``: its scope's two outputs cannot be told
+apart by rank, and comparing ``sin`` with PyTorch's ``cos`` would blame it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,18 @@ __all__ = ["ModuleValues", "module_outputs"]
 
 Feed = Mapping[str, np.ndarray]
 Values = list[dict[str, np.ndarray]]
+
+
+def _tensors(out: Any) -> list[Any]:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, Mapping):
+        out = list(out.values())
+    if isinstance(out, list | tuple):
+        return [x for x in out if isinstance(x, torch.Tensor)]
+    return []
 
 
 def _first_tensor(out: Any) -> Any:
@@ -54,12 +68,18 @@ class ModuleValues:
         return {}
 
     def profile(self) -> dict[str, tuple[int, int]]:
-        """Module path -> (calls, rank of its first float output) on the first feed; rank -1: no float tensor."""
+        """Module path -> (calls, rank of its first float output) on the first feed.
+
+        Rank -1: no float tensor, or several float tensors of the first one's rank (ambiguous in the graph).
+        """
         calls: dict[str, list[int]] = {}
 
         def sink(path: str, out: Any) -> None:
             t = _first_tensor(out)
-            calls.setdefault(path, []).append(t.dim() if t is not None and t.is_floating_point() else -1)
+            rank = t.dim() if t is not None and t.is_floating_point() else -1
+            if rank >= 0 and sum(x.is_floating_point() and x.dim() == rank for x in _tensors(out)) > 1:
+                rank = -1
+            calls.setdefault(path, []).append(rank)
 
         self._forward(self.feeds[0], [p for p in self.modules if p], sink)
         return {p: (len(r), r[0]) for p, r in calls.items()}

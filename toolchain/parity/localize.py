@@ -14,10 +14,23 @@ comparisons:
   (``/module/model/bert/encoder/layer.1/attention/self/query/MatMul``), so a module's ONNX value is
   the float value that its scope's nodes produce and nodes outside the scope read (its output);
   forward hooks on the same module give PyTorch's. These module outputs are the sites.
-* :func:`localize_against_fp32` - for an FP16/BF16 graph or a compiled engine, node by node against
-  the FP32 graph (the precision pass keeps every intermediate value's name). The sites are the
-  outputs of the scopes found in the FP32 graph's node names (block boundaries); the walk-back
-  below then goes node by node.
+* :func:`~toolchain.parity.localize_graph.localize_against_graph` - node by node against a reference
+  graph run in ONNX Runtime: the FP32 graph an FP16/BF16 graph or compiled engine was made from
+  (:func:`~toolchain.parity.localize_graph.localize_against_fp32`), a ``--baseline`` graph, or the
+  low-precision graph itself cast up to FP32 (:func:`~toolchain.parity.localize_graph.cast_up`: the
+  same weights, so only where 16-bit arithmetic loses digits shows). It needs no module-scoped
+  names: values are matched by name (a precision pass keeps them), else by structure
+  (:func:`~toolchain.parity.localize_graph.match_values`: op, attributes and inputs, recursively; a
+  renamed graph, another exporter's numbering). The sites are the outputs of the scopes found in
+  the node names (block boundaries) when there are any, else every matched float value; the
+  walk-back below then goes node by node. A walk-back that ends on a node that only moves elements
+  (a decoder's last-token pooling ``Gather``) goes on through the values whose largest normalised
+  error exceeds 1: such a node fails because it selects elements its input held, which the rule's
+  quantile let pass there.
+
+Module paths: the exporter's scope can differ from the module's path by a wrapper prefix both
+ways (:func:`map_scopes`: a BERT graph's ``/module/model/bert/...`` is ``model.bert``, a LLaMA
+graph's ``/module/model/layers.0/...`` is ``model.model.layers.0``).
 
 Search (both): the candidate's final outputs must fail on the chosen feeds, unmarked (else there is
 nothing to localise and the report says so). Bisection: mark ``per_round`` sites spread evenly
@@ -71,7 +84,6 @@ from toolchain.parity.scopes import (
     Graph,
     Site,
     block_of,
-    fp32_weight_mismatches,
     module_weight_mismatches,
     scope_outputs,
     sites_from,
@@ -84,8 +96,8 @@ __all__ = [
     "Localization",
     "RunMarked",
     "SiteCheck",
-    "localize_against_fp32",
     "localize_against_torch",
+    "map_scopes",
     "module_outputs",
     "onnx_runner",
     "pick_feeds",
@@ -147,11 +159,16 @@ class SiteCheck:
         return out
 
 
+#: what a node-by-node reference is, in the report: ``against`` -> words
+_AGAINST = {"fp32-graph": "the FP32 graph", "baseline": "the baseline graph",
+            "fp32-cast": "itself run in FP32 (its low-precision weights and casts made FP32)"}
+
+
 @dataclass
 class Localization:
     """Where a candidate first diverges from its reference (see the module docstring)."""
 
-    against: str  #: ``pytorch`` | ``fp32-graph``
+    against: str  #: ``pytorch`` | ``fp32-graph`` | ``baseline`` | ``fp32-cast``
     graph: str
     precision: str
     rule: str  #: the rule every intermediate value is judged by
@@ -183,11 +200,11 @@ class Localization:
 
     def summary(self) -> str:
         """One line for the console and ``summary.md``."""
-        what = "PyTorch" if self.against == "pytorch" else "the FP32 graph"
+        what = "PyTorch" if self.against == "pytorch" else _AGAINST.get(self.against, self.against)
         head = f"{self.graph} ({self.precision}) vs {what}: "
         if not self.found:
             return head + "not localised: " + ("; ".join(self.notes) or "no value diverges")
-        text = (f"first diverges at node {self.node} ({self.op_type}), layer {self.layer or '-'}"
+        text = (head + f"first diverges at node {self.node} ({self.op_type}), layer {self.layer or '-'}"
                 + (f" (block {self.block})" if self.block and self.block != self.layer else "")
                 + f": value {self.value} has {self.failed or 'stat'} normalised error {self.statistic:.3g} "
                 f"(max {self.max_error:.3g}) under {self.rule}")
@@ -346,21 +363,80 @@ def _bisect(sites: Sequence[Site], probe: _Probe) -> Site | None:
             lo = max((s.position for s in judged if s.position < first.position), default=lo)
 
 
+def map_scopes(g: Graph, module_paths: Iterable[str]) -> int:
+    """Re-read ``g.scopes`` so that the most node scopes are paths of the module; the number that are.
+
+    The exporter's scope can differ from the module's path by a wrapper prefix both ways: a BERT
+    graph's ``/module/model/bert/...`` is the module's ``model.bert`` (one component dropped), a
+    LLaMA graph's ``/module/model/layers.0/...`` is ``model.model.layers.0`` (the export wrapper
+    traced the ``LlamaModel`` one level down: one dropped, ``model`` put in front). Tries dropping
+    0-3 leading components and every prefix that turns a scope into a module path; keeps the current
+    reading unless another makes more scopes module paths.
+    """
+    from collections import Counter
+
+    known = set(module_paths)
+    raw = [".".join(n.name.strip("/").split("/")[:-1]) if n.name.startswith("/") else None for n in g.nodes]
+    distinct = {s for s in raw if s}
+    current = len({s for s in g.scopes if s} & known)
+    prefixes: dict[str, set[str]] = {}
+    for path in known:
+        parts = path.split(".")
+        for i in range(len(parts)):
+            prefixes.setdefault(".".join(parts[i:]), set()).add(".".join(parts[:i]))
+    counts: Counter[tuple[int, str]] = Counter()
+    for scope in distinct:
+        parts = scope.split(".")
+        for k in range(min(4, len(parts))):
+            for prefix in prefixes.get(".".join(parts[k:]), ()):
+                counts[(k, prefix)] += 1
+    if not counts:
+        return current
+    (k, prefix), n = max(counts.items(), key=lambda kv: (kv[1], -kv[0][0], -len(kv[0][1])))
+    if n <= current:
+        return current
+
+    def read(scope: str) -> str:
+        rest = ".".join(scope.split(".")[k:])
+        return ".".join(p for p in (prefix, rest) if p)
+
+    g.scopes = [read(s) if s is not None else None for s in raw]
+    return n
+
+
+#: ops that only move or select elements: a value they output cannot lose precision there
+_MOVES = frozenset({"Gather", "GatherElements", "GatherND", "Slice", "Reshape", "Transpose", "Squeeze", "Unsqueeze",
+                    "Flatten", "Identity", "Expand", "Concat", "Split", "Tile", "Where"})
+
+
 def _walk_back(g: Graph, start: Site, probe: _Probe, site_of: Callable[[str], Site | None],
-               notes: list[str]) -> tuple[Site, list[int]]:
+               notes: list[str], follow_moves: bool = False) -> tuple[Site, list[int]]:
     """From a failing site, move to its earliest failing upstream site until none fails; the origin and its nodes.
 
-    The nodes are those computing the origin from the upstream sites that pass (graph order).
+    The nodes are those computing the origin from the upstream sites that pass (graph order). With
+    ``follow_moves``, an origin that only moves elements (:data:`_MOVES`: the pooling ``Gather`` of a
+    decoder's last token) is not an answer: its failing elements were in its input, which passed the
+    rule's quantile over many more elements; the walk goes on through the values whose largest
+    normalised error exceeds 1, to the node where an element first goes beyond the tolerance.
     """
     def checkable(value: str) -> bool:
         return site_of(value) is not None
 
-    current = start
+    current, strict = start, False
     for _ in range(_MAX_WALK):
         values, nodes = upstream(g, current.value, checkable)
         ups = [s for s in (site_of(v) for v in values) if s]
         results = probe.check(ups)
-        failing = [s for s in ups if results[s.value].status == "fail"]
+        failing = [s for s in ups if results[s.value].status == "fail"
+                   or (strict and results[s.value].max_error > 1)]
+        if not failing and follow_moves and not strict and current.op_type in _MOVES:
+            worst = [s for s in ups if results[s.value].max_error > 1]
+            if worst:
+                strict = True
+                notes.append(f"{current.node} ({current.op_type}) only moves values: it fails because its input "
+                             f"holds elements beyond the tolerance that the rule's quantile over the whole input "
+                             f"let pass; followed back through the values whose largest normalised error exceeds 1")
+                failing = [max(worst, key=lambda s: results[s.value].max_error)]
         if not failing:
             return current, nodes
         current = failing[0]
@@ -437,6 +513,7 @@ def localize_against_torch(graph: str | Path, module: Any, feeds: Sequence[Feed]
     run_marked = run_marked or onnx_runner(None, precision)
     torch_side = ModuleValues(module.eval(), feeds)
     g = Graph(Path(graph), [p for p in torch_side.modules if p])
+    map_scopes(g, [p for p in torch_side.modules if p])
     loc = Localization("pytorch", Path(graph).name, precision, value_tol.describe(), feeds=list(labels),
                        rows=_rows(feeds))
     profile = torch_side.profile()
@@ -474,82 +551,6 @@ def localize_against_torch(graph: str | Path, module: Any, feeds: Sequence[Feed]
         else:
             loc.notes.append(f"PyTorch has no values inside a module: the divergence starts in one of the "
                              f"{len(loc.nodes)} node(s) computing {origin.value} from module outputs that pass")
-        return _record(loc, probe)
-
-
-# ------------------------------------------------------------------------------------ against FP32
-def localize_against_fp32(graph: str | Path, fp32_graph: str | Path, feeds: Sequence[Feed], *,
-                          precision: str, run_marked: RunMarked | None = None, run_fp32: RunMarked | None = None,
-                          reference_outputs: Values | None = None, tolerances: Mapping[str, Tolerance] | None = None,
-                          per_round: int = 4, module_paths: Iterable[str] | None = None,
-                          labels: Sequence[str] = ()) -> Localization:
-    """Where ``graph`` (an FP16/BF16 graph, or the graph an engine is compiled from) first diverges from the FP32 graph.
-
-    Args:
-        graph: the candidate's ONNX graph (``fp32_graph`` itself for an engine compiled from it at a
-            low-precision hint).
-        fp32_graph: the FP32 graph it was made from.
-        feeds: inputs (:func:`pick_feeds`).
-        precision: the candidate's precision (its rule judges every value).
-        run_marked: ``path -> Runner`` for the candidate with extra outputs (default: ``onnx_runner(None,
-            precision)``, the CPU kind).
-        run_fp32: ``path -> Runner`` for the FP32 graph with extra outputs (default: ``onnx_runner()``).
-        reference_outputs: the gate's reference outputs on ``feeds`` (PyTorch's): whether a marked run
-            still fails is judged against them; None: against the FP32 graph's outputs.
-        tolerances: per-output tolerances of the gate (``""`` default key); None: the precision's defaults.
-        per_round: values exposed per marked run.
-        module_paths: the source module's paths (layer names without the exporter's prefix).
-        labels: the feeds' labels, for the report.
-    """
-    value_tol, output_tols = _tolerances(precision, tolerances, per_round)
-    run_marked = run_marked or onnx_runner(None, precision)
-    run_fp32 = run_fp32 or onnx_runner(None, "fp32")
-    paths = list(module_paths) if module_paths is not None else None
-    ref_graph = Graph(Path(fp32_graph), paths)
-    cand = ref_graph if Path(graph).resolve() == Path(fp32_graph).resolve() else Graph(Path(graph), paths)
-    loc = Localization("fp32-graph", Path(graph).name, precision, value_tol.describe(), feeds=list(labels),
-                       rows=_rows(feeds))
-
-    def available(value: str) -> bool:
-        return ref_graph.is_float(value) and value in cand.producer and cand.is_float(value)
-
-    with tempfile.TemporaryDirectory(prefix="localize-") as tmp:
-        fp32_run = _Marked(ref_graph, run_fp32, feeds, Path(tmp))
-
-        def reference(names: Sequence[str]) -> tuple[Values, Values]:
-            out = fp32_run.run(names)
-            return out, [{k: v for k, v in o.items() if k in ref_graph.outputs} for o in out]
-
-        final = reference_outputs if reference_outputs is not None else reference([])[1]
-        if not _baseline(loc, cand, run_marked, feeds, final, output_tols, Path(tmp)):
-            return loc
-        escapes = scope_outputs(ref_graph, lambda s: True)
-        chosen = {scope: max(values, key=lambda v: ref_graph.position[v]) for scope, values in escapes.items()}
-        sites = sites_from(ref_graph, chosen, available) or [ref_graph.site(v) for v in ref_graph.position
-                                                             if available(v)]
-        node_sites = {v: ref_graph.site(v) for v in ref_graph.position if available(v)}
-        probe = _Probe(_Marked(cand, run_marked, feeds, Path(tmp)), reference, final, value_tol, output_tols,
-                       precision, per_round)
-        loc.rule = probe.rule()
-        first = _bisect(sites, probe)
-        if first is None:
-            outputs = [o for o in ref_graph.outputs if o in node_sites]
-            if not outputs:
-                loc.notes.append("every block boundary passes and no output is checkable")
-                return _record(loc, probe)
-            judged = probe.check([node_sites[o] for o in outputs])
-            if all(c.status == "pass" for c in judged.values()):  # it computes what its FP32 graph computes
-                loc.notes.append("every value, outputs included, matches the FP32 graph within the rule: the "
-                                 "engine computes its FP32 graph faithfully, so the failure against PyTorch is the "
-                                 "FP32 graph's own (see the PyTorch path)")
-                return _record(loc, probe)
-            first = node_sites[outputs[0]]
-        passed = [c.position for c in probe.results.values() if c.status == "pass" and c.position < first.position]
-        lo = max(passed, default=-1)  # node by node between the last passing boundary and the first failing one
-        first = _bisect([s for s in node_sites.values() if lo < s.position <= first.position], probe) or first
-        origin, nodes = _walk_back(ref_graph, node_sites.get(first.value, first), probe, node_sites.get, loc.notes)
-        _finish(loc, probe, origin, ref_graph, nodes)
-        loc.weights = fp32_weight_mismatches(cand, ref_graph, origin.node, precision)
         return _record(loc, probe)
 
 
