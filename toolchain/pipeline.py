@@ -3,7 +3,12 @@
 Each stage is a function ``build(ctx, work_dir) -> info`` plus the recipe sections and upstream
 stages its output depends on. Its cache key hashes those sections and the upstream keys, so
 changing a recipe field reruns exactly the stages downstream of it. A stage whose published
-folder has a manifest with the same key and intact files is skipped; ``force`` reruns it.
+folder has a manifest with the same key and intact files is skipped; ``force`` reruns it and every
+stage downstream of it (:func:`force_reasons`: a forced stage rebuilds under the same key, so the
+keys alone would leave the stages that read its outputs "up to date"). Each manifest also records a
+digest of its upstream stages' published files: a stage whose upstream outputs changed since it was
+built (an upstream forced by an earlier run that stopped before it, or by ``bench --force bench``
+before ``run``) reruns too.
 
 Under ``torchrun`` / ``accelerate launch`` (see :mod:`toolchain.distributed`) every rank runs
 :func:`run_pipeline`, and only rank 0 writes artifacts: it alone takes the lock, decides which
@@ -20,9 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -31,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 from rich.console import Console
+from rich.markup import escape
 
 from toolchain import distributed as dist
 from toolchain import interrupts
@@ -56,7 +63,8 @@ class Stage:
     sections: tuple[str, ...]
     upstream: tuple[str, ...]
     build: Callable[[Context, Path], dict[str, Any]]
-    summary: str
+    #: the line printed when the stage runs; a function of the context where it depends on the recipe
+    summary: str | Callable[[Context], str]
     #: bumped when the stage's code changes what it writes: a new version is a new cache key
     version: int = 1
     #: every rank runs it under torch.distributed (it splits its work over the ranks); the other
@@ -72,8 +80,8 @@ STAGES: dict[str, Stage] = {}
 #: where the stages live; imported on first use (plugin discovery: this module imports no stage)
 STAGE_PACKAGE = "toolchain.stages"
 
-def stage(name: str, sections: tuple[str, ...], upstream: tuple[str, ...], summary: str, version: int = 1,
-          distributed: bool = False, after: Callable[[Context], None] | None = None):
+def stage(name: str, sections: tuple[str, ...], upstream: tuple[str, ...], summary: str | Callable[[Context], str],
+          version: int = 1, distributed: bool = False, after: Callable[[Context], None] | None = None):
     """Register a stage function under ``name`` (see :class:`Stage` for the fields)."""
 
     def wrap(fn: Callable[[Context, Path], dict[str, Any]]) -> Callable[[Context, Path], dict[str, Any]]:
@@ -105,6 +113,28 @@ def run_order(registry: dict[str, Stage]) -> list[str]:
     return done
 
 
+def force_reasons(force: Collection[str], registry: dict[str, Stage]) -> dict[str, str]:
+    """Why each stage must rerun because of ``--force``: the forced stages and, transitively, all downstream of them.
+
+    ``{stage: "forced"}`` for a forced stage, ``{stage: "downstream of forced a, b"}`` for a stage
+    that reads (through ``upstream``, transitively) the outputs of forced stages ``a`` and ``b``;
+    the other stages are absent. A forced stage rebuilds under the same cache key, and keys chain
+    on upstream keys, not outputs: without this its downstream stages would count as up to date.
+    """
+    order = run_order(registry)
+    origins: dict[str, set[str]] = {}
+    for name in order:
+        origins[name] = set().union(*(({u} if u in force else set()) | origins[u]
+                                      for u in registry[name].upstream if u in origins))
+    reasons: dict[str, str] = {}
+    for name in order:
+        if name in force:
+            reasons[name] = "forced"
+        elif origins[name]:
+            reasons[name] = "downstream of forced " + ", ".join(n for n in order if n in origins[name])
+    return reasons
+
+
 @dataclass
 class Context:
     """What every stage sees: the recipe, the artifacts root, the console, the forced stages."""
@@ -113,6 +143,9 @@ class Context:
     console: Console = field(default_factory=lambda: Console(stderr=True))
     force: frozenset[str] = frozenset()
     progress: bool = True
+    #: filled by :func:`run_pipeline`: the up-to-date stages that ran all the same -> why (``forced``, ``downstream
+    #: of forced bench``, ``upstream bench rebuilt since``; see :func:`force_reasons`)
+    forced_reruns: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def root(self) -> Path:
@@ -178,14 +211,20 @@ class Context:
 
 
 def run_pipeline(ctx: Context, until: str | None = None, only: list[str] | None = None) -> dict[str, str]:
-    """Run the stages in order (up to ``until``, or just ``only``); returns stage -> status."""
-    names = list(stages())
+    """Run the stages in order (up to ``until``, or just ``only``); returns stage -> status.
+
+    ``ctx.force`` is expanded here, once, to the forced stages and everything downstream of them
+    (:func:`force_reasons`); the same on every rank, and rank 0's decision is broadcast anyway.
+    """
+    registry = stages()
+    names = list(registry)
     if until is not None:
         if until not in names:
             raise ToolchainError(f"unknown stage '{until}' (stages: {', '.join(names)}).")
         names = names[: names.index(until) + 1]
     if only is not None:
         names = [n for n in names if n in only]
+    reasons = force_reasons(ctx.force, registry)
     dist.init_from_env()
     status: dict[str, str] = {}
     with dist.guard("the pipeline"), _quiet_unless_main(ctx), contextlib.ExitStack() as stack:
@@ -193,11 +232,27 @@ def run_pipeline(ctx: Context, until: str | None = None, only: list[str] | None 
             stack.enter_context(locked(ctx.root))
             _remove_leftovers(ctx)
         dist.barrier(what="taking the artifacts lock")
+        reruns: dict[str, str] = {}
         for name in names:
-            status[name] = _run_stage(ctx, name)
+            status[name], why = _run_stage(ctx, name, reasons.get(name))
+            if why is not None:
+                reruns[name] = why
             if STAGES[name].after is not None:  # e.g. checks that need the model, also when cached
                 STAGES[name].after(ctx)
+        ctx.forced_reruns.update(reruns)
+        line = forced_summary(reruns)
+        if line:  # rank 0 reports (the other ranks' console is quiet here)
+            ctx.console.print(line, highlight=False, markup=False)
     return status
+
+
+def forced_summary(reruns: dict[str, str]) -> str:
+    """One line naming the stages that reran while up to date: ``forced: bench; rerun: report (downstream of ...)``."""
+    forced = [n for n, why in reruns.items() if why == "forced"]
+    downstream = [f"{n} ({why})" for n, why in reruns.items() if why != "forced"]
+    parts = ([f"forced: {', '.join(forced)}"] if forced else []) + \
+        ([f"rerun: {', '.join(downstream)}"] if downstream else [])
+    return "; ".join(parts)
 
 
 def _remove_leftovers(ctx: Context) -> None:
@@ -222,37 +277,90 @@ def _quiet_unless_main(ctx: Context):
         ctx.console.quiet, ctx.progress = quiet, progress
 
 
-def _run_stage(ctx: Context, name: str) -> str:
+def _run_stage(ctx: Context, name: str, forced: str | None = None) -> tuple[str, str | None]:
+    """Run stage ``name`` unless it is up to date; returns ``(status, why it ran while up to date)``.
+
+    ``forced``: why ``--force`` reruns it (:func:`force_reasons`).
+    """
     interrupts.check()
     st = STAGES[name]
     sd = StageDir(ctx.root, name, ctx.key(name))
     main = dist.is_main()
-    complete = dist.broadcast_object((name not in ctx.force and sd.is_complete()) if main else None)
+    # rank 0 decides (it alone reads the published folders) and every rank follows its decision
+    complete, why = dist.broadcast_object(_decide(ctx, st, sd, forced) if main else None)
     if complete:
         ctx.console.print(f"[dim]- {name}: up to date, skipped[/dim]")
-        return "skipped"
-    ctx.console.print(f"[bold]> {name}[/bold]: {st.summary}")
+        return "skipped", None
+    if why is not None:  # known while the stage runs (a cache of its own may need to know why it reruns)
+        ctx.forced_reruns[name] = why
+    summary = st.summary(ctx) if callable(st.summary) else st.summary
+    said = "" if why is None else ("forced: " if why == "forced" else f"rerun ({escape(why)}): ")
+    ctx.console.print(f"[bold]> {name}[/bold]: {said}{escape(summary)}")
+    extra = {} if why is None else {"rerun_reason": why}  # recorded in the stage's manifest
     if dist.enabled() and not st.distributed:
         if main:
             with dist.local_only():
-                _build_and_publish(ctx, st, sd, sd.begin())
+                _build_and_publish(ctx, st, sd, sd.begin(), extra=extra)
         dist.barrier(what=f"waiting for rank 0's stage '{name}'")
-        return "ran"
+        return "ran", why
     with contextlib.ExitStack() as stack:
         work = sd.begin() if main else stack.enter_context(scratch_folder(name, dist.rank()))
-        _build_and_publish(ctx, st, sd, work, publish=main)
+        _build_and_publish(ctx, st, sd, work, publish=main, extra=extra)
     dist.barrier(what=f"publishing stage '{name}'")  # the others may read the published folder now
-    return "ran"
+    return "ran", why
 
 
-def _build_and_publish(ctx: Context, st: Stage, sd: StageDir, work: Path, *, publish: bool = True) -> None:
-    """Build into ``work``; when every rank succeeded, publish (rank 0); on any failure drop ``work``."""
+def _decide(ctx: Context, st: Stage, sd: StageDir, forced: str | None) -> tuple[bool, str | None]:
+    """``(up to date, why it reruns all the same)``: forced, or an upstream's files changed since it was built."""
+    if forced is not None:
+        return False, forced
+    if not sd.is_complete():
+        return False, None
+    recorded = (read_manifest(sd.final) or {}).get("upstream_outputs")
+    if not isinstance(recorded, dict):  # published before upstream outputs were recorded: the keys decide
+        return True, None
+    changed = [u for u in _ancestors(st) if u in recorded and recorded[u] != _outputs_digest(ctx, u)]
+    if changed:
+        return False, f"upstream {', '.join(changed)} rebuilt since"
+    return True, None
+
+
+def _ancestors(st: Stage) -> list[str]:
+    """Every stage ``st`` depends on, transitively, in run order.
+
+    A stage may read an ancestor's files directly (``parity`` reads ``export``'s graphs through
+    ``build``, whose own files need not change when the graphs do).
+    """
+    registry = stages()
+    seen: set[str] = set()
+    todo = [u for u in st.upstream if u in registry]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += [u for u in registry[name].upstream if u in registry]
+    return [n for n in run_order(registry) if n in seen]
+
+
+def _outputs_digest(ctx: Context, name: str) -> str | None:
+    """Digest of stage ``name``'s published files (its manifest's sha256 of each); ``None`` when unpublished."""
+    manifest = read_manifest(ctx.stage_dir(name))
+    if manifest is None:
+        return None
+    return hashlib.sha256(json.dumps(manifest.get("files", {}), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _build_and_publish(ctx: Context, st: Stage, sd: StageDir, work: Path, *, publish: bool = True,
+                       extra: dict[str, Any] | None = None) -> None:
+    """Build into ``work``; when every rank succeeded, publish (rank 0), ``extra`` in the manifest; else drop it."""
     t0 = time.perf_counter()
     try:
         info = st.build(ctx, work) or {}
         dist.barrier(what=f"stage '{st.name}'")  # every rank finished: a failure on any rank raises here
         info = {"seconds": round(time.perf_counter() - t0, 3), "seed": ctx.recipe.seed,
-                "upstream": {u: ctx.key(u) for u in st.upstream}, **info}
+                "upstream": {u: ctx.key(u) for u in st.upstream}, **(extra or {}), **info}
+        if publish:  # what this output was built from (see :func:`_decide`)
+            info["upstream_outputs"] = {u: _outputs_digest(ctx, u) for u in _ancestors(st)}
         if publish:
             sd.publish(info)
             if "digest_cache" in ctx.__dict__:

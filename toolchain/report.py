@@ -304,6 +304,29 @@ def _html(title: str, md: str, images: list[Path]) -> str:
             f"<style>{_STYLE}</style></head><body>\n{body}{heading}{figs}</body></html>\n")
 
 
+def print_table(console: Any, table: Any) -> None:
+    """Print a rich ``table``; to a file or pipe (a CI log) at its full width, so no name or header is cut.
+
+    A console that is not a terminal is 80 columns wide unless ``COLUMNS`` says otherwise, and rich
+    fits a table to it by cutting cells ("deep-e…", "auroc_…"). There the table is rendered
+    at its natural width as plain text and printed without wrapping.
+    """
+    if console.is_terminal:
+        console.print(table)
+        return
+    import io
+
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    probe = Console(file=io.StringIO(), width=100_000, color_system=None)
+    width = max(console.width, Measurement.get(probe, probe.options, table).maximum)
+    plain = Console(file=io.StringIO(), width=width, color_system=None, legacy_windows=False)
+    plain.print(table)
+    text = "\n".join(line.rstrip() for line in plain.file.getvalue().rstrip("\n").splitlines())
+    console.print(text, markup=False, highlight=False, soft_wrap=True, crop=False)
+
+
 def print_run_summary(ctx: Any, console: Any) -> None:
     """One screen at the end of ``run``: UQ metrics per variant, parity status, where the report is."""
     import json
@@ -330,6 +353,6 @@ def print_run_summary(ctx: Any, console: Any) -> None:
     rows += [(f"hydra-{n}", v["metrics"]["hydra"]) for n, v in compare.items()]
     for name, m in rows:
         table.add_row(name, *[f"{m[k]:.4f}" if k in m else "-" for k in keys])
-    console.print(table)
+    print_table(console, table)
     groups = ", ".join(f"{g}: {r['status']}" for g, r in verdict["groups"].items())
     console.print(f"parity: {groups}; report: {ctx.stage_dir('report') / 'report.html'}")

@@ -1,4 +1,4 @@
-"""Stage ``export``: ONNX graphs (Hydra in both lowerings, the single model, the members; FP16/BF16)."""
+"""Stage ``export``: ONNX graphs (Hydra in the recipe's lowerings, the single model, the members; FP16/BF16)."""
 
 from __future__ import annotations
 
@@ -30,10 +30,21 @@ def export_one(ctx: Context, module: torch.nn.Module, outputs: list[str], path: 
                          sequence=e.sequence)
 
 
+def export_summary(ctx: Context) -> str:
+    """The stage's line: the graphs the recipe really exports (its ``export.lowerings`` and ``export.precisions``)."""
+    e = ctx.recipe.export
+    hydra = f"Hydra ({' and '.join(e.lowerings)} lowering{'s' if len(e.lowerings) > 1 else ''}), " \
+        if e.lowerings else "no Hydra graph (export.lowerings is empty), "
+    extra = [p.upper() for p in e.precisions if p != "fp32"]
+    return (f"export ONNX graphs: {hydra}single model, deep-ensemble members"
+            + (f"; FP32 and {'/'.join(extra)} variants" if extra else "; FP32 only"))
+
+
+# version 2: BF16 constants clamped to the BF16 range; 3: lean Hydra graphs, node counts in graphs.json;
+# 4: FP32 islands for a decomposed RMSNorm and the rotary angles (LLaMA FP16/BF16 graphs)
 @stage("export", sections=("model", "data", "finetune", "scoring", "pruning", "fusion", "export",
                            "baselines.temperature"),
-       upstream=("fuse", "ensemble"), summary="export ONNX graphs: Hydra (both lowerings), single model, members",
-       version=3)  # 2: BF16 constants clamped to the BF16 range; 3: lean Hydra graphs, node counts in graphs.json
+       upstream=("fuse", "ensemble"), summary=export_summary, version=4)
 def export_stage(ctx: Context, work: Path) -> dict[str, Any]:
     """Export every graph the later stages run.
 

@@ -49,5 +49,7 @@ def load_stage(ctx: Context, work: Path) -> dict[str, Any]:
     for name, s in splits.items():
         counts = ", ".join(f"{k}: {v}" for k, v in s["classes"].items())
         table.add_row(f"split {name}", f"{s['size']} samples, {counts}")
-    ctx.console.print(table)
+    from toolchain.report import print_table  # lazy, as the report stage: full width when not a terminal
+
+    print_table(ctx.console, table)
     return {"summary": summary["model"]}

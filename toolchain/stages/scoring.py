@@ -61,7 +61,9 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
         if p.strategy == "sampled":
             extra["temperature"] = p.temperature
     cached = masks_cache(ctx)
-    members = None if "prune" in ctx.force else _cached_members(cached)  # --force prune: search again
+    # --force prune, or prune rerunning because an upstream stage was forced or rebuilt under the same
+    # keys (the masks cache is keyed like them): search again
+    members = None if "prune" in ctx.force or ctx.forced_reruns.get("prune") else _cached_members(cached)
     searched = members is None
     if not searched:  # the same search inputs as an earlier prune (e.g. only the recovery differs)
         ctx.console.print(f"  member masks reused: cache/member-masks/{cached.name}")
