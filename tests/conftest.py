@@ -1,7 +1,10 @@
 """Test-wide settings: offline hub, deterministic torch, few threads (CI has 2 cores, shared by the xdist workers)."""
 
 import os
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib: make cli_runner importable
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -11,12 +11,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
+from cli_runner import run_cli  # noqa: F401 - re-exported: the export tests import it from here
 from torch import nn
 
 BERT_EXPORT_SHAPE = (2, 8)
@@ -92,20 +90,6 @@ def copy_model(src: Path, dst_dir: Path) -> Path:
     for f in src.parent.glob(src.name + "*"):
         (dst_dir / f.name).write_bytes(f.read_bytes())
     return dst_dir / src.name
-
-
-def run_cli(*args: str) -> SimpleNamespace:
-    """``hydra-toolchain ARGS`` through the entry point in this process (no interpreter start-up)."""
-    from toolchain.cli import main as entry
-
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            entry(list(args))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def tiny_with_tokenizer(classes: list[str], seed: int = 0, scale: float = 300.0) -> torch.nn.Module:

@@ -12,17 +12,15 @@ All on real ONNX Runtime sessions.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import onnx
 import pytest
 import torch
+from cli_runner import run_cli as _cli
 from onnx import numpy_helper
 
 from toolchain.export.precision import graph_precision
@@ -32,18 +30,6 @@ from toolchain.parity.scopes import Graph
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
 
-
-def _cli(*args: str) -> SimpleNamespace:
-    from toolchain.cli import main as entry
-
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            entry(list(args))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def rename(src: Path, dst: Path) -> dict[str, str]:

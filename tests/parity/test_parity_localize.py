@@ -9,18 +9,16 @@ the FP32 graph against PyTorch (layer by layer), and an FP16 or BF16 variant aga
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import json
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import onnx
 import pytest
 import torch
+from cli_runner import run_cli as _cli
 from onnx import TensorProto, numpy_helper
 
 from toolchain.engines import make_runner
@@ -39,18 +37,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:You are using the legacy TorchSc
 BERT_LAYER = "model.bert.encoder.layer.1"
 VIT_LAYER = "model.vit.layers.1"
 
-
-def _cli(*args: str) -> SimpleNamespace:
-    from toolchain.cli import main as entry
-
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            entry(list(args))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def corrupt(src: Path, dst: Path, node_suffix: str, scale: float) -> tuple[str, str]:

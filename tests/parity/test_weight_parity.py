@@ -8,8 +8,6 @@ a key projection multiplied by -2 at FP32, one ULP off at FP32 (invisible at the
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -20,6 +18,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from cli_runner import run_cli as cli
 from onnx import TensorProto, numpy_helper
 
 from toolchain.errors import GraphError, ToolchainError
@@ -29,19 +28,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:You are using the legacy TorchSc
 
 TEXT = {"batch": (1, 8, 32), "sequence": (8, 12, 16)}
 
-
-def cli(*args: str) -> SimpleNamespace:
-    """``hydra-toolchain ARGS`` in this process."""
-    from toolchain.cli import main as entry
-
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            entry(list(args))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 @pytest.fixture(scope="module")
