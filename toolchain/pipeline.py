@@ -239,8 +239,7 @@ def run_pipeline(ctx: Context, until: str | None = None, only: list[str] | None 
                 reruns[name] = why
             if STAGES[name].after is not None:  # e.g. checks that need the model, also when cached
                 STAGES[name].after(ctx)
-        ctx.forced_reruns.update(reruns)
-        line = forced_summary(reruns)
+        line = forced_summary(reruns)  # this run's; ctx.forced_reruns was filled as each stage began
         if line:  # rank 0 reports (the other ranks' console is quiet here)
             ctx.console.print(line, highlight=False, markup=False)
     return status
@@ -359,9 +358,8 @@ def _build_and_publish(ctx: Context, st: Stage, sd: StageDir, work: Path, *, pub
         dist.barrier(what=f"stage '{st.name}'")  # every rank finished: a failure on any rank raises here
         info = {"seconds": round(time.perf_counter() - t0, 3), "seed": ctx.recipe.seed,
                 "upstream": {u: ctx.key(u) for u in st.upstream}, **(extra or {}), **info}
-        if publish:  # what this output was built from (see :func:`_decide`)
-            info["upstream_outputs"] = {u: _outputs_digest(ctx, u) for u in _ancestors(st)}
         if publish:
+            info["upstream_outputs"] = {u: _outputs_digest(ctx, u) for u in _ancestors(st)}  # see _decide
             sd.publish(info)
             if "digest_cache" in ctx.__dict__:
                 write_digest_cache(ctx.root, ctx.digest_cache)

@@ -4,12 +4,14 @@
   feeds at three batch sizes, 2 x 100 ID images with labels (the reference's argmax, every 5th
   label shifted so accuracy is 0.8) and 100 OOD images (uniform noise, another distribution).
 * :func:`broken_copy` - the same ONNX file with one MatMul/Gemm weight perturbed by noise.
+* :func:`bf16_verdict` - the case's BF16 graph and a broken copy's, gated on the BF16 emulator.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -62,6 +64,24 @@ def matmul_weight(model: onnx.ModelProto, last: bool = True) -> str:
     names = [n.input[1] for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1
              and n.input[1] in inits and len(inits[n.input[1]].dims) == 2]
     return names[-1] if last else names[0]
+
+
+def bf16_verdict(case: VitCase, folder: Path, relative: float) -> tuple[Any, Path]:
+    """``(verdict, BF16 graph)``: ``run_parity`` on ``onnxrt-cpu-bf16emu`` against the PyTorch reference of
+    ``emu-bf16`` (the BF16 graph) and ``emu-broken`` (its last MatMul weight given ``relative`` noise, then BF16)."""
+    from toolchain.export import write_precision_variant
+    from toolchain.parity import run_parity
+
+    bf16 = folder / "vit.bf16.onnx"
+    write_precision_variant(case.onnx_path, bf16, "bf16")
+    broken, _ = broken_copy(case.onnx_path, folder / "broken.onnx", relative=relative)
+    broken16 = folder / "broken.bf16.onnx"
+    write_precision_variant(broken, broken16, "bf16")
+    candidates = {"emu-bf16": make_runner("onnxrt-cpu-bf16emu", path=bf16, intra_op_threads=1),
+                  "emu-broken": make_runner("onnxrt-cpu-bf16emu", path=broken16, intra_op_threads=1)}
+    verdict = run_parity(case.reference(), candidates, case.generated, case.id_feeds, case.ood_feeds,
+                         out_dir=folder / "out", precisions={"emu-bf16": "bf16", "emu-broken": "bf16"})
+    return verdict, bf16
 
 
 def broken_copy(src: Path, dst: Path, relative: float = 0.5, seed: int = 0, last: bool = True) -> tuple[Path, str]:

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
-from parity_models import broken_copy
+from parity_models import bf16_verdict
 
 from toolchain.engines import make_runner
-from toolchain.export import write_precision_variant
-from toolchain.parity import ReferenceEvaluatorRunner, run_parity
+from toolchain.parity import ReferenceEvaluatorRunner
 
 
 def test_bf16_graph_gets_numeric_and_uq_verdicts_and_a_broken_one_fails(vit_case, tmp_path):
-    bf16 = tmp_path / "vit.bf16.onnx"
-    write_precision_variant(vit_case.onnx_path, bf16, "bf16")
-    broken, _ = broken_copy(vit_case.onnx_path, tmp_path / "broken.onnx", relative=0.5)
-    broken16 = tmp_path / "broken.bf16.onnx"
-    write_precision_variant(broken, broken16, "bf16")
-    candidates = {"emu-bf16": make_runner("onnxrt-cpu-bf16emu", path=bf16, intra_op_threads=1),
-                  "emu-broken": make_runner("onnxrt-cpu-bf16emu", path=broken16, intra_op_threads=1)}
-    verdict = run_parity(vit_case.reference(), candidates, vit_case.generated, vit_case.id_feeds, vit_case.ood_feeds,
-                         out_dir=tmp_path / "out", precisions={"emu-bf16": "bf16", "emu-broken": "bf16"})
+    verdict, bf16 = bf16_verdict(vit_case, tmp_path, relative=0.5)
     good = verdict.engine_checks("emu-bf16")
     assert {c.kind for c in good} == {"run", "numeric", "uq"}
     assert not [c.message for c in good if c.status in ("fail", "error")]

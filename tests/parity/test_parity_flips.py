@@ -12,11 +12,8 @@ import math
 
 import numpy as np
 import pytest
-from parity_models import broken_copy
+from parity_models import bf16_verdict
 
-from toolchain.engines import make_runner
-from toolchain.export import write_precision_variant
-from toolchain.parity import run_parity
 from toolchain.parity.flips import flip_resolution
 from toolchain.parity.resolution import MIN_DEFINED, RankResolution, rank_resolutions, reach_eps
 from toolchain.parity.tolerances import DEFAULT_UQ_TOLERANCES
@@ -128,15 +125,7 @@ def test_too_few_defined_draws_is_not_resolvable_with_its_reason():
 def test_real_bf16_graph_passes_accuracy_and_a_wrong_classifier_fails_it(vit_case, tmp_path):
     """Real graphs: the tiny ViT's correct BF16 graph passes every flip-sensitive check; its classifier's
     weight given noise (a wrong graph) changes clear-margin predictions and fails uq/accuracy."""
-    bf16 = tmp_path / "vit.bf16.onnx"
-    write_precision_variant(vit_case.onnx_path, bf16, "bf16")
-    broken, _ = broken_copy(vit_case.onnx_path, tmp_path / "broken.onnx", relative=1.0, last=True)
-    broken16 = tmp_path / "broken.bf16.onnx"
-    write_precision_variant(broken, broken16, "bf16")
-    candidates = {"emu-bf16": make_runner("onnxrt-cpu-bf16emu", path=bf16, intra_op_threads=1),
-                  "emu-broken": make_runner("onnxrt-cpu-bf16emu", path=broken16, intra_op_threads=1)}
-    verdict = run_parity(vit_case.reference(), candidates, vit_case.generated, vit_case.id_feeds, vit_case.ood_feeds,
-                         out_dir=tmp_path / "out", precisions={"emu-bf16": "bf16", "emu-broken": "bf16"})
+    verdict, _ = bf16_verdict(vit_case, tmp_path, relative=1.0)
     good = {c.name: c for c in verdict.engine_checks("emu-bf16")}
     assert good["uq/accuracy"].status == "pass" and good["uq/ece"].status == "pass"
     bad = {c.name: c for c in verdict.engine_checks("emu-broken")}

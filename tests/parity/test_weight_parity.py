@@ -306,3 +306,28 @@ def test_an_initializer_with_no_parameter_of_its_size_is_reported_not_failed(cas
     assert report.passed and report.unmatched == ["packed_qkv_from_elsewhere"]
     assert "1 match no reference parameter of their size" in report.message()
     assert report.to_dict()["unmatched"] == ["packed_qkv_from_elsewhere"]
+
+
+def test_engines_built_from_one_graph_share_one_weights_check(case, tmp_path, monkeypatch):
+    """ONNX Runtime and OpenVINO FP32/BF16 engines of one graph: its weights are compared once, reported per engine."""
+    import toolchain.parity.weights as weights_module
+    from toolchain.engines import make_runner
+    from toolchain.parity import run_parity
+    from toolchain.verbs.export import open_source
+
+    calls = []
+    real = weights_module.weight_parity
+    monkeypatch.setattr(weights_module, "weight_parity", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    source = open_source(case.folders["bert"])
+    module, _ = source.build(None)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    feeds = [{n: source.make_feed(1, 8, 0)[n].numpy() for n in names}]
+    ref = make_runner("torch", module=module, input_specs={n: (np.int64, ("batch", "sequence")) for n in names},
+                      output_names=["logits", "probs"])
+    graph = case.tmp / "bert-g" / "single.onnx"
+    candidates = {"a": make_runner("onnxrt-cpu", path=graph), "b": make_runner("onnxrt-cpu", path=graph)}
+    verdict = run_parity(ref, candidates, feeds, [], [], graphs={"a": graph, "b": graph})
+    assert len(calls) == 1
+    checks = [c for c in verdict.checks if c.kind == "weights"]
+    assert [c.engine for c in checks] == ["a", "b"] and all(c.status == "pass" for c in checks)
+    assert checks[0].data == checks[1].data

@@ -89,9 +89,10 @@ def find_source(engine_path: Path, onnx_file: str, recorded_path: str = "", give
     return next((p for p in source_candidates(engine_path, onnx_file, recorded_path, given) if p.is_file()), None)
 
 
-def source_status(engine_path: Path, onnx_file: str, onnx_sha256: str, recorded_path: str = "") -> dict[str, Any]:
+def source_status(engine_path: Path, onnx_file: str, onnx_sha256: str, recorded_path: str = "",
+                  given: Path | None = None) -> dict[str, Any]:
     """``{"graph": path or None, "status": "current" | "stale" | "not at hand", "sha256": the graph's}`` (no raise)."""
-    graph = find_source(Path(engine_path), onnx_file, recorded_path)
+    graph = find_source(Path(engine_path), onnx_file, recorded_path, given)
     if graph is None:
         return {"graph": None, "status": "not at hand", "sha256": None}
     digest = file_digest(graph)
@@ -131,14 +132,14 @@ def check_source(engine_path: Path, *, kind: str, onnx_file: str, onnx_sha256: s
             rebuild command in the message).
     """
     engine_path = Path(engine_path)
-    source = find_source(engine_path, onnx_file, recorded_path, given)
-    if source is None:
+    status = source_status(engine_path, onnx_file, onnx_sha256, recorded_path, given)
+    if status["graph"] is None:
         log.debug("%s: its source graph %s is not at hand; not checked for staleness", engine_path.name, onnx_file)
         return None
-    digest = file_digest(source)
-    if digest == onnx_sha256:
+    source = Path(status["graph"])
+    if status["status"] == "current":
         return source
     raise StaleEngine(
         f"{engine_path.name} is stale: it was built from a graph with sha256 {onnx_sha256} (its sidecar), and its "
-        f"source graph {source} now has sha256 {digest}. Rebuild it: "
+        f"source graph {source} now has sha256 {status['sha256']}. Rebuild it: "
         f"{rebuild_command(source, engine_path, kind, precision, profile)}")

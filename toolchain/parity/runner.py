@@ -22,6 +22,7 @@ TensorRT is missing); the other candidates still run, so every problem is report
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -438,13 +439,17 @@ def run_parity(
     if graphs is not None:
         module = reference_module if reference_module is not None else getattr(reference, "module", None)
         meta["weights"] = {}
+        by_graph: dict[Path, Check] = {}  # engines built from one graph (ORT, OpenVINO FP32/BF16): checked once
         for engine in engines:
             graph = graphs.get(engine)
             if graph is None:
                 meta["weights"][engine] = "not checked: no graph"
                 continue
             meta["weights"][engine] = str(graph)
-            checks.append(weights_check(engine, graph, module))  # judged at the graph's own precision
+            key = Path(graph).resolve()
+            if key not in by_graph:
+                by_graph[key] = weights_check(engine, graph, module)  # judged at the graph's own precision
+            checks.append(dataclasses.replace(by_graph[key], engine=engine))
             if checks[-1].status != "pass":
                 log.warning("parity %s weights: %s", engine, checks[-1].message)
     verdict = Verdict(reference=ref_name, engines=engines, checks=checks, meta=meta)

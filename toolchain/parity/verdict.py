@@ -129,6 +129,13 @@ class Verdict:
         """Checks that ran and failed."""
         return [c for c in self.checks if c.status == "fail"]
 
+    def rescuable_engines(self) -> list[str]:
+        """Engines with a failed numeric or UQ check: what keeping nodes in FP32 (a precision rescue) can fix.
+
+        Stale weights and an engine that ran a lower precision than asked are not among them.
+        """
+        return sorted({c.engine for c in self.failures if c.kind in ("numeric", "uq")})
+
     @property
     def errors(self) -> list[Check]:
         """Checks that could not run."""

@@ -95,10 +95,7 @@ def parity_stage(ctx: Context, work: Path) -> dict[str, Any]:
                              precisions=precisions, graphs=sources, **parity_tolerances(ctx))
         results[group] = {"exit_code": verdict.exit_code, "status": verdict.status, "problems": verdict.problems(),
                           "failing_engines": sorted({c.engine for c in verdict.failures}),
-                          # what a precision rescue can fix: numeric or UQ failures (not stale weights,
-                          # not an engine that ran a lower precision than asked)
-                          "rescuable_engines": sorted({c.engine for c in verdict.failures
-                                                       if c.kind in ("numeric", "uq")}),
+                          "rescuable_engines": verdict.rescuable_engines(),
                           "unresolved": verdict.notes(), "precisions": verdict.meta["precisions"]}
         ctx.console.print(f"  {group}: {verdict.status} ({len(candidates)} engines)")
         for engine, info in verdict.meta.get("engines", {}).items():

@@ -347,8 +347,7 @@ def rescue_graphs(verdict: Any, reference: str | Path, options: ParityOptions | 
 
     o = options or ParityOptions()
     files = verdict.meta.get("files", {})
-    # a rescue keeps nodes in FP32: it can fix numeric and UQ failures, not stale weights or a lower precision run
-    failing = sorted({c.engine for c in verdict.failures if c.kind in ("numeric", "uq")} & set(files))
+    failing = sorted(set(verdict.rescuable_engines()) & set(files))
     rescued = []
     source = open_source(reference)
     for label in failing:
