@@ -1,9 +1,8 @@
 """The recipe: one YAML file that drives every stage, validated with pydantic.
 
-Errors are :class:`~toolchain.errors.RecipeError` with the file, the dotted field path, what was
-received and what to do (a did-you-mean for unknown keys, line and column for YAML syntax
-errors). A recipe may define ``profiles`` (e.g. ``quick``): partial recipes deep-merged over the
-base when selected with ``--profile NAME``.
+Errors are :class:`~toolchain.errors.RecipeError` with the file, the dotted field path, what was received and
+what to do (a did-you-mean for unknown keys, line and column for YAML syntax errors). A recipe may define
+``profiles`` (e.g. ``quick``): partial recipes deep-merged over the base when selected with ``--profile NAME``.
 """
 
 from __future__ import annotations
@@ -56,28 +55,24 @@ class ModelSection(_Strict):
         return self
 
 
-def _one_of(names: list[str] | tuple[str, ...]) -> str:
-    """``a, b or c``."""
+def _one_of(names: list[str] | tuple[str, ...]) -> str:  # "a, b or c"
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def _family_names() -> tuple[str, ...]:
     """The registered model families (:func:`toolchain.models.registry.family_names`), read when validating."""
     from toolchain.models.registry import family_names
-
     return tuple(family_names())
 
 
 def _engine_kinds() -> list[str]:
     """The engine kinds a recipe may name (:func:`toolchain.engines.registry.selectable_kinds`)."""
     from toolchain.engines.registry import selectable_kinds
-
     return selectable_kinds()
 
 
 def _default_engines() -> list[str]:
     from toolchain.engines.registry import default_engines
-
     return default_engines()
 
 
@@ -133,17 +128,15 @@ class FinetuneSection(_Strict):
     lr: float = Field(5e-5, gt=0, lt=1, description="AdamW learning rate (linear decay)")
     batch_size: int = Field(32, ge=1, description="rows per step")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
-    group_by_length: bool = Field(
-        True, description="text: batches of similar token length (shuffled groups), far less padding; "
-        "also used by recovery fine-tuning")
+    group_by_length: bool = Field(True, description="text: batches of similar token length (shuffled groups), far "
+                                  "less padding; also used by recovery fine-tuning")
 
 
 class BaselinesSection(_Strict):
     """What Hydra is compared against beside the single model."""
 
-    deep_ensemble: bool = Field(
-        True, description="train the equal-budget deep ensemble (M - 1 more full fine-tunes) and evaluate, export "
-        "and bench it; false: the single model is the only baseline")
+    deep_ensemble: bool = Field(True, description="train the equal-budget deep ensemble (M - 1 more full fine-tunes) "
+                                "and evaluate, export and bench it; false: the single model is the only baseline")
     temperature: bool = Field(False, description="post-hoc temperature scaling of the single model and of the deep "
                               "ensemble: one T each, fitted on the validation NLL, folded into their weights")
 
@@ -151,9 +144,9 @@ class BaselinesSection(_Strict):
 class ShiftSection(_Strict):
     """Covariate shift: the ID test split under seeded corruptions (toolchain/data/shift.py), scored by evaluate."""
 
-    corruptions: list[str] | None = Field(
-        None, description="corruption kinds (text: typos, word_dropout, word_swap, case_punct; images: "
-        "gaussian_noise, blur, contrast, pixelate, rotate); null: every kind of the data's modality; []: off")
+    corruptions: list[str] | None = Field(None, description="corruption kinds (text: typos, word_dropout, word_swap, "
+                                          "case_punct; images: gaussian_noise, blur, contrast, pixelate, rotate); "
+                                          "null: every kind of the data's modality; []: off")
     severities: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5], description="severities, 1-5")
     rows: int | None = Field(300, ge=8, description="test rows corrupted (a seeded sample); null: the whole split")
 
@@ -169,7 +162,6 @@ class ShiftSection(_Strict):
     @classmethod
     def _kinds(cls, value: list[str] | None) -> list[str] | None:
         from toolchain.data.shift import IMAGE_CORRUPTIONS, TEXT_CORRUPTIONS
-
         known = [*TEXT_CORRUPTIONS, *IMAGE_CORRUPTIONS]
         bad = [v for v in value or [] if v not in known]
         if bad:
@@ -228,6 +220,10 @@ class PruningSection(_Strict):
     budget: int | None = Field(None, ge=1, description="heads kept per member (instead of ratio)")
     scope: Literal["global", "layer"] = Field("global", description="rank heads over the model or within each layer")
     min_heads_per_layer: int = Field(1, ge=1, description="heads every layer keeps at least")
+    fork: int = Field(0, ge=0, description="layers run once, the fine-tuned model's own, before the members split")
+    mlp_share: float | None = Field(None, gt=0, le=1, description="fraction of the MLP neurons each member keeps "
+                                    "(Taylor importance; needs fusion.mlp: grouped; null: all)")
+    mlp_core: float = Field(0.0, ge=0, le=1, description="fraction of the MLP neurons every member keeps (the best)")
     recovery: RecoverySection = RecoverySection()
 
     @model_validator(mode="after")
@@ -241,6 +237,8 @@ class PruningSection(_Strict):
                                  f"(members={self.members}, got {got})")
         elif self.criteria is not None:
             raise ValueError(f"'criteria' is only used by strategy 'mixed-criteria' (strategy is '{self.strategy}')")
+        if self.mlp_core and (self.mlp_share is None or self.mlp_core > self.mlp_share):
+            raise ValueError(f"mlp_core ({self.mlp_core}) must be at most mlp_share ({self.mlp_share})")
         return self
 
     def keep_rule(self) -> dict[str, float | int]:
@@ -383,6 +381,10 @@ class Recipe(_Strict):
                         for e in exc.errors()
                     )
                     raise ValueError(why) from None
+        for at, r in [("", self)] + [(f"compare.{i}.", self.variant(e)) for i, e in enumerate(self.compare)]:
+            if r.pruning.mlp_share is not None and r.fusion.mlp != "grouped":
+                raise ValueError(f"field '{at}fusion.mlp': pruning.mlp_share gives each member its own MLP neurons, "
+                                 f"which only mlp: grouped keeps (got '{r.fusion.mlp}')")
         return self
 
     def variant(self, entry: CompareEntry) -> Recipe:
@@ -447,6 +449,7 @@ _LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("fusion", "temperature"): False, ("fusion", "recovery_steps"): 0,
     ("baselines", "temperature"): False,  # also an evaluation field: hashed at its default in its section
     ("scoring", "task_weight"): 0.0, ("parity", "deep_ensemble"): True,
+    ("pruning", "fork"): 0, ("pruning", "mlp_share"): None, ("pruning", "mlp_core"): 0.0,
 }
 
 

@@ -67,6 +67,9 @@ def test_family_recipe_quick_end_to_end(runs, path):
     # members, which fuse only if recovery froze what the adapter declares shared (ELECTRA's projection, ...)
     assert data["pruning"]["recovery"]["steps"] > 0
     assert hydra["source"] == "members" and all((art / "prune" / f"member{i}").is_dir() for i in range(2))
+    if data["pruning"].get("fork"):  # the cost levers (LLaMA, DeiT): a trunk run once, per-member MLP slices
+        assert hydra["fork"] == data["pruning"]["fork"] and hydra["layers"][-1]["neurons"]
+        assert "neurons" not in hydra["layers"][0] and hydra["mlp"] == "grouped"
     graphs = json.loads((art / "export" / "graphs.json").read_text())
     for name in ("hydra-conv", "single"):
         assert graphs[name]["dynamic_check"]["ok"] and graphs[name]["lint_ok"], (name, graphs[name]["lint"])

@@ -223,6 +223,8 @@ class CostModel:
         heads_per_member: ``[M][L]`` real heads each Hydra member keeps.
         mlp, layernorm: the fused model's merge modes.
         head_copies: stored head stages of the fused model (None: one).
+        fork: layers run once on one stream before the members split.
+        neurons_per_member: ``[M][L]`` MLP neurons each member keeps (None: the whole MLP).
     """
 
     spec: EncoderSpec
@@ -230,9 +232,14 @@ class CostModel:
     mlp: str = "average"
     layernorm: str = "grouped"
     head_copies: int | None = None
+    fork: int = 0
+    neurons_per_member: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "heads_per_member", tuple(tuple(int(h) for h in r) for r in self.heads_per_member))
+        if self.neurons_per_member is not None:
+            object.__setattr__(self, "neurons_per_member",
+                               tuple(tuple(int(n) for n in r) for r in self.neurons_per_member))
         if not self.heads_per_member:
             raise ValueError("CostModel.heads_per_member needs one row per member; got none")
 
@@ -244,14 +251,20 @@ class CostModel:
     def compare(self, batch: int, seq: int, dtype_bytes: int = 4) -> dict[str, Any]:
         """:func:`toolchain.hydra.cost.compare` at one shape."""
         return compare(self.spec, self.heads_per_member, batch=batch, seq=seq, mlp=self.mlp,
-                       layernorm=self.layernorm, head_copies=self.head_copies, dtype_bytes=dtype_bytes)
+                       layernorm=self.layernorm, head_copies=self.head_copies, dtype_bytes=dtype_bytes,
+                       fork=self.fork, neurons_per_member=self.neurons_per_member)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able view."""
         spec = asdict(self.spec)
         spec["heads"] = list(spec["heads"])
-        return {"spec": spec, "heads_per_member": [list(r) for r in self.heads_per_member],
-                "mlp": self.mlp, "layernorm": self.layernorm, "head_copies": self.head_copies}
+        out = {"spec": spec, "heads_per_member": [list(r) for r in self.heads_per_member],
+               "mlp": self.mlp, "layernorm": self.layernorm, "head_copies": self.head_copies}
+        if self.fork:
+            out["fork"] = self.fork
+        if self.neurons_per_member is not None:
+            out["neurons_per_member"] = [list(r) for r in self.neurons_per_member]
+        return out
 
 
 #: variant kind -> key in :func:`toolchain.hydra.cost.compare`'s output
@@ -319,4 +332,6 @@ def cost_model_from_hydra(model: Any, example_inputs: Mapping[str, Any] | None =
     heads = [[int(layer.heads[m]) for layer in cfg.layers] for m in range(cfg.members)]
     spec = spec_from_hydra(model, dict(example_inputs) if example_inputs is not None else None)
     copies = 1 if cfg.head == "shared" else cfg.members
-    return CostModel(spec, tuple(map(tuple, heads)), mlp=cfg.mlp, layernorm=cfg.layernorm, head_copies=copies)
+    neurons = tuple(map(tuple, cfg.neurons_per_member())) if cfg.sliced else None
+    return CostModel(spec, tuple(map(tuple, heads)), mlp=cfg.mlp, layernorm=cfg.layernorm, head_copies=copies,
+                     fork=cfg.fork, neurons_per_member=neurons)

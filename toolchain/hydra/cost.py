@@ -21,12 +21,27 @@ counted as the source and its pruned members store them (see :class:`EncoderSpec
 
 Conventions: ``heads_per_member`` is ``[M][L]`` real heads kept; the Hydra model pads every
 member of layer ``l`` to ``max_m heads[m][l]`` (zero heads cost like real ones).
+
+Two cost levers of the Hydra model (issue 45; both off by default, giving the plain fused model):
+
+* **late fork** (``fork``): layers ``l < fork`` are the *trunk*, the source's own blocks run
+  once on one stream: ``spec.heads[l]`` heads (K/V per query head, as every fused layer),
+  the full MLP, one LayerNorm pair, all stored once. The stream is copied into the M member
+  streams at layer ``fork`` (no FLOPs); layers ``l >= fork`` cost as above. Entries of
+  ``heads_per_member`` / ``neurons_per_member`` for trunk layers are not used.
+* **MLP slices** (``neurons_per_member``, ``[M][L]``): in member layers member ``m`` keeps
+  ``neurons[m][l]`` of the ``I`` intermediate neurons. The fused MLP is grouped (each member
+  its own fc1/fc2 slice, so ``mlp="grouped"`` is required), every member padded to
+  ``I_l = max_m neurons[m][l]`` (zero neurons cost like real ones): ``2 x mlp_matrices x T x D
+  x I_l`` FLOPs per stream and M MLPs of width ``I_l`` stored. M separate members
+  (:func:`members_cost`) store and run only their real neurons.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from numbers import Integral
 from typing import TYPE_CHECKING
 
 import torch
@@ -102,14 +117,20 @@ class Cost:
                 "breakdown": dict(self.breakdown)}
 
 
-def layer_flops(spec: EncoderSpec, heads: int, seq: int, kv: int | None = None) -> dict[str, int]:
-    """FLOPs of one layer for one sample and one stream with ``heads`` heads (``kv`` K/V heads; default ``heads``)."""
+def layer_flops(
+    spec: EncoderSpec, heads: int, seq: int, kv: int | None = None, intermediate: int | None = None
+) -> dict[str, int]:
+    """FLOPs of one layer for one sample and one stream with ``heads`` heads.
+
+    ``kv``: K/V heads (default ``heads``); ``intermediate``: MLP width (default ``spec.intermediate``).
+    """
     inner = heads * spec.head_dim
     kv_inner = (heads if kv is None else kv) * spec.head_dim
+    width = spec.intermediate if intermediate is None else intermediate
     return {
         "projections": 2 * seq * spec.hidden * (2 * inner + 2 * kv_inner),
         "attention": 2 * 2 * seq * seq * inner,
-        "mlp": 2 * spec.mlp_matrices * seq * spec.hidden * spec.intermediate,
+        "mlp": 2 * spec.mlp_matrices * seq * spec.hidden * width,
     }
 
 
@@ -120,10 +141,11 @@ def attention_params(spec: EncoderSpec, heads: int, kv: int | None = None, biase
     return (2 * inner + 2 * kv_inner) * spec.hidden + ((inner + 2 * kv_inner + spec.hidden) if biases else 0)
 
 
-def mlp_params(spec: EncoderSpec, biases: bool = True) -> int:
-    """fc1 + fc2 (gated: gate + up + down) weights and biases of one layer."""
-    bias = (spec.mlp_matrices - 1) * spec.intermediate + spec.hidden
-    return spec.mlp_matrices * spec.hidden * spec.intermediate + (bias if biases else 0)
+def mlp_params(spec: EncoderSpec, biases: bool = True, intermediate: int | None = None) -> int:
+    """fc1 + fc2 (gated: gate + up + down) weights and biases of one layer (width ``intermediate``, default I)."""
+    width = spec.intermediate if intermediate is None else intermediate
+    bias = (spec.mlp_matrices - 1) * width + spec.hidden
+    return spec.mlp_matrices * spec.hidden * width + (bias if biases else 0)
 
 
 def layernorm_params(spec: EncoderSpec, bias: bool = True) -> int:
@@ -143,17 +165,46 @@ def _check_members(spec: EncoderSpec, heads_per_member: Sequence[Sequence[int]])
     return rows
 
 
-def _model_cost(spec: EncoderSpec, heads: Sequence[int], batch: int, seq: int, dtype_bytes: int) -> Cost:
-    """One plain (possibly pruned) model with ``heads[l]`` heads in layer ``l``."""
+def _check_fork(spec: EncoderSpec, fork: int) -> int:
+    """``fork`` in ``[0, L - 1]``: at least one layer runs the members (as :class:`HydraConfig` requires)."""
+    if not isinstance(fork, int) or isinstance(fork, bool) or not 0 <= fork < spec.layers:
+        raise ValueError(f"fork must be an int in [0, {spec.layers - 1}] (layers run once before the members "
+                         f"split); got {fork!r}")
+    return fork
+
+
+def _check_neurons(
+    spec: EncoderSpec, neurons_per_member: Sequence[Sequence[int]] | None, members: int
+) -> list[list[int]] | None:
+    """``[M][L]`` ints in ``[1, I]``, one row per member of ``heads_per_member``; ``None`` passes through."""
+    if neurons_per_member is None:
+        return None
+    rows = [list(r) for r in neurons_per_member]
+    if len(rows) != members:
+        raise ValueError(f"neurons_per_member has {len(rows)} rows; heads_per_member has {members} members")
+    for m, row in enumerate(rows):
+        if len(row) != spec.layers:
+            raise ValueError(f"neurons_per_member[{m}] has {len(row)} layers; the encoder has {spec.layers}")
+        for layer, n in enumerate(row):
+            if not isinstance(n, Integral) or isinstance(n, bool) or not 1 <= n <= spec.intermediate:
+                raise ValueError(f"neurons_per_member[{m}][{layer}] must be an int in [1, {spec.intermediate}] "
+                                 f"(the source's MLP width); got {n!r}")
+    return [[int(n) for n in row] for row in rows]
+
+
+def _model_cost(spec: EncoderSpec, heads: Sequence[int], batch: int, seq: int, dtype_bytes: int,
+                neurons: Sequence[int] | None = None) -> Cost:
+    """One plain (possibly pruned) model with ``heads[l]`` heads and ``neurons[l]`` MLP neurons in layer ``l``."""
     parts = {"projections": 0, "attention": 0, "mlp": 0}
     params = spec.embedding_params + spec.head_params
     for layer, h in enumerate(heads):
         kv = None
         if spec.kv_heads is not None:  # grouped K/V in a layer that keeps every head; one per head once pruned
             kv = spec.kv_heads[layer] if h == spec.heads[layer] else h
-        for k, v in layer_flops(spec, h, seq, kv).items():
+        width = None if neurons is None else neurons[layer]
+        for k, v in layer_flops(spec, h, seq, kv, width).items():
             parts[k] += batch * v
-        params += (attention_params(spec, h, kv, spec.source_biases) + mlp_params(spec, spec.source_biases)
+        params += (attention_params(spec, h, kv, spec.source_biases) + mlp_params(spec, spec.source_biases, width)
                    + layernorm_params(spec, spec.source_norm_bias))
     parts["embeddings"] = batch * spec.embedding_flops
     parts["head"] = batch * spec.head_flops
@@ -172,11 +223,23 @@ def single_cost(spec: EncoderSpec, *, batch: int, seq: int, dtype_bytes: int = 4
 
 
 def members_cost(
-    spec: EncoderSpec, heads_per_member: Sequence[Sequence[int]], *, batch: int, seq: int, dtype_bytes: int = 4
+    spec: EncoderSpec, heads_per_member: Sequence[Sequence[int]], *, batch: int, seq: int, dtype_bytes: int = 4,
+    fork: int = 0, neurons_per_member: Sequence[Sequence[int]] | None = None,
 ) -> Cost:
-    """M separate pruned members run one after another (each with its own embeddings and head)."""
+    """M separate pruned members run one after another (each with its own embeddings and head).
+
+    With ``fork`` each member is the source in layers ``< fork`` (all heads, full MLP), pruned after;
+    with ``neurons_per_member`` each member stores and runs only its own neurons (no padding).
+    """
     rows = _check_members(spec, heads_per_member)
-    return _sum_costs([_model_cost(spec, r, batch, seq, dtype_bytes) for r in rows])
+    fork = _check_fork(spec, fork)
+    neurons = _check_neurons(spec, neurons_per_member, len(rows))
+    costs = []
+    for m, row in enumerate(rows):
+        heads = list(spec.heads[:fork]) + row[fork:]
+        width = None if neurons is None else [spec.intermediate] * fork + neurons[m][fork:]
+        costs.append(_model_cost(spec, heads, batch, seq, dtype_bytes, width))
+    return _sum_costs(costs)
 
 
 def deep_ensemble_cost(spec: EncoderSpec, members: int, *, batch: int, seq: int, dtype_bytes: int = 4) -> Cost:
@@ -195,24 +258,37 @@ def hydra_cost(
     layernorm: str = "grouped",
     head_copies: int | None = None,
     dtype_bytes: int = 4,
+    fork: int = 0,
+    neurons_per_member: Sequence[Sequence[int]] | None = None,
 ) -> Cost:
-    """The fused model: embeddings once, M padded streams, merged MLP, ``head_copies`` head stages.
+    """The fused model: embeddings once, trunk once, M padded streams, merged MLP, ``head_copies`` head stages.
 
     ``head_copies`` (stored head stages) defaults to 1 (a shared head); the head stage *runs*
-    on all M streams either way.
+    on all M streams either way. ``fork`` trunk layers run the source's layer once on one
+    stream; ``neurons_per_member`` (``[M][L]``, needs ``mlp="grouped"``) slices the members' MLPs,
+    each layer padded to its widest member (see the module docstring).
     """
     rows = _check_members(spec, heads_per_member)
     m = len(rows)
+    fork = _check_fork(spec, fork)
+    neurons = _check_neurons(spec, neurons_per_member, m)
+    if neurons is not None and mlp != "grouped":
+        raise ValueError(f"neurons_per_member needs mlp='grouped' (each member its own MLP slice); got mlp={mlp!r}")
     copies = 1 if head_copies is None else head_copies
     parts = {"projections": 0, "attention": 0, "mlp": 0}
     params = spec.embedding_params + copies * spec.head_params
-    for layer in range(spec.layers):
+    for layer in range(fork):  # the trunk: one stream, the source's heads, one MLP and LayerNorm pair
+        for k, v in layer_flops(spec, spec.heads[layer], seq).items():
+            parts[k] += batch * v
+        params += attention_params(spec, spec.heads[layer]) + layernorm_params(spec) + mlp_params(spec)
+    for layer in range(fork, spec.layers):
         padded = max(r[layer] for r in rows)
-        for k, v in layer_flops(spec, padded, seq).items():
+        width = None if neurons is None else max(r[layer] for r in neurons)
+        for k, v in layer_flops(spec, padded, seq, intermediate=width).items():
             parts[k] += batch * m * v
         params += m * attention_params(spec, padded)
         params += (m if layernorm == "grouped" else 1) * layernorm_params(spec)
-        params += (m if mlp == "grouped" else 1) * mlp_params(spec)
+        params += (m if mlp == "grouped" else 1) * mlp_params(spec, intermediate=width)
     parts["embeddings"] = batch * spec.embedding_flops
     parts["head"] = batch * m * spec.head_flops
     return Cost(sum(parts.values()), params, dtype_bytes, parts)
@@ -228,15 +304,23 @@ def compare(
     layernorm: str = "grouped",
     head_copies: int | None = None,
     dtype_bytes: int = 4,
+    fork: int = 0,
+    neurons_per_member: Sequence[Sequence[int]] | None = None,
 ) -> dict:
-    """Costs of the four deployments and the ratios the bench reports (JSON-able)."""
+    """Costs of the four deployments and the ratios the bench reports (JSON-able).
+
+    ``fork`` and ``neurons_per_member`` apply to ``hydra`` and to the M separate ``members``
+    (the same members unfused); ``single`` and ``deep_ensemble`` are unpruned.
+    """
     kw = {"batch": batch, "seq": seq, "dtype_bytes": dtype_bytes}
+    levers = {"fork": fork, "neurons_per_member": neurons_per_member}
     m = len(heads_per_member)
     costs = {
         "single": single_cost(spec, **kw),
-        "members": members_cost(spec, heads_per_member, **kw),
+        "members": members_cost(spec, heads_per_member, **levers, **kw),
         "deep_ensemble": deep_ensemble_cost(spec, m, **kw),
-        "hydra": hydra_cost(spec, heads_per_member, mlp=mlp, layernorm=layernorm, head_copies=head_copies, **kw),
+        "hydra": hydra_cost(spec, heads_per_member, mlp=mlp, layernorm=layernorm, head_copies=head_copies,
+                            **levers, **kw),
     }
     out: dict = {k: c.as_dict() for k, c in costs.items()}
     single = costs["single"]
@@ -283,7 +367,7 @@ def _kv_heads(hf_config: dict, layers: int) -> tuple[int, ...] | None:
 
 
 def spec_from_hydra(model: HydraModel, example_inputs: dict[str, torch.Tensor] | None = None) -> EncoderSpec:
-    """The source encoder's sizes from a fused model (``original_heads`` per layer).
+    """The source encoder's sizes from a fused model (``original_heads`` per layer, the source's MLP width).
 
     With ``example_inputs`` the embeddings and head stages' per-sample FLOPs are measured
     (:func:`stage_flops`); without, they are 0.
@@ -293,7 +377,7 @@ def spec_from_hydra(model: HydraModel, example_inputs: dict[str, torch.Tensor] |
     spec = EncoderSpec(
         hidden=cfg.hidden_size,
         head_dim=first.head_dim,
-        intermediate=first.intermediate_size,
+        intermediate=first.source_intermediate or first.intermediate_size,  # a sliced layer's padded width is not I
         heads=(cfg.original_heads,) * cfg.num_layers,
         embedding_params=stage_size(model.embeddings),
         head_params=stage_size(model.heads[0]),
@@ -313,3 +397,42 @@ def spec_from_hydra(model: HydraModel, example_inputs: dict[str, torch.Tensor] |
         embedding_flops=stage_flops(model.embeddings, **feed) // batch,
         head_flops=stage_flops(model.heads[0], hidden) // batch,
     )
+
+
+def _levers_of(model: HydraModel) -> dict:
+    """``hydra_cost`` / ``compare`` keywords read from a fused model's config (heads, fork, slices, modes)."""
+    cfg = model.config
+    return {
+        "heads_per_member": cfg.heads_per_member(),
+        "mlp": cfg.mlp,
+        "layernorm": cfg.layernorm,
+        "head_copies": len(model.heads),
+        "fork": cfg.fork,
+        "neurons_per_member": cfg.neurons_per_member() if cfg.sliced else None,
+    }
+
+
+def hydra_cost_of(
+    model: HydraModel, *, batch: int, seq: int, dtype_bytes: int = 4,
+    example_inputs: dict[str, torch.Tensor] | None = None,
+) -> Cost:
+    """:func:`hydra_cost` of a fused model: heads, fork, MLP slices, modes and head copies from ``model.config``.
+
+    ``seq`` is T as the blocks see it (the input stage's tokens: a ViT's patches plus CLS);
+    ``example_inputs`` measure the embeddings and head stages (:func:`spec_from_hydra`).
+    """
+    spec = spec_from_hydra(model, example_inputs)
+    levers = _levers_of(model)
+    heads = levers.pop("heads_per_member")
+    return hydra_cost(spec, heads, batch=batch, seq=seq, dtype_bytes=dtype_bytes, **levers)
+
+
+def compare_of(
+    model: HydraModel, *, batch: int, seq: int, dtype_bytes: int = 4,
+    example_inputs: dict[str, torch.Tensor] | None = None,
+) -> dict:
+    """:func:`compare` of a fused model (single, members, deep ensemble, Hydra), levers from ``model.config``."""
+    spec = spec_from_hydra(model, example_inputs)
+    levers = _levers_of(model)
+    heads = levers.pop("heads_per_member")
+    return compare(spec, heads, batch=batch, seq=seq, dtype_bytes=dtype_bytes, **levers)

@@ -11,7 +11,13 @@
   member 0's and logs the difference).
 
 Both fill one :class:`~toolchain.hydra.model.HydraModel`; members keeping fewer heads than
-another member in a layer are padded with exact zero heads (logged per layer). Saving and
+another member in a layer are padded with exact zero heads (logged per layer).
+
+Cost levers (issue 45): ``fork=k`` fuses the first ``k`` layers as one stream, the source's own
+layers (``fuse``: its masks must keep every head there; ``fuse_members``: the members' layers must
+be equal there, as their embeddings are); members that keep their own MLP neurons (``neurons`` for
+``fuse``, physically sliced members for ``fuse_members``) get a per-member MLP padded with zero
+neurons to the layer's widest member (``mlp="grouped"``). Saving and
 loading live in :mod:`toolchain.hydra.io`; they are re-exported here.
 """
 
@@ -49,6 +55,8 @@ def fuse(
     layernorm: str = "grouped",
     lowering: str = "conv",
     head: str = "shared",
+    fork: int = 0,
+    neurons: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> HydraModel:
     """Fuse M head subsets of one model.
 
@@ -61,6 +69,10 @@ def fuse(
         layernorm: ``grouped`` | ``average`` (same numbers for the same reason).
         lowering: GFC lowering, ``conv`` | ``matmul``.
         head: ``shared`` (one head stage run on the B x M member rows) | ``member`` (M copies).
+        fork: layers before it are the source's own, run once on one stream (the masks must keep
+            every head there).
+        neurons: ``[M][L]`` MLP intermediate neuron indices each member keeps (None: all); needs
+            ``mlp="grouped"``. Layers before the fork must keep every neuron.
 
     Returns:
         An eval-mode :class:`HydraModel`.
@@ -71,19 +83,33 @@ def fuse(
     views = adapter.layers()
     masks = _check_masks(keep_masks, [lv.num_heads for lv in views])
     members = masks.shape[0]
+    _check_fork(fork, len(views))
+    kept_neurons = _check_neurons(neurons, members, [lv.fc1.out_features for lv in views], fork, mlp)
     per_layer: list[list[MemberLayer]] = []
     for idx, lv in enumerate(views):
         shared = _layer_weights(lv)
+        if idx < fork:
+            if not bool(masks[:, idx, : lv.num_heads].all()):
+                raise ValueError(f"layer {idx} is before the fork ({fork}) but keep_masks prune heads there; the "
+                                 "trunk is the source's own layer")
+            per_layer.append([shared])
+            continue
         rows = []
         for m in range(members):
             kept = torch.nonzero(masks[m, idx, : lv.num_heads]).flatten()
             logger.debug("member %d layer %d keeps heads %s of %d", m, idx, kept.tolist(), lv.num_heads)
-            rows.append(_select_heads(shared, kept))
+            row = _select_heads(shared, kept)
+            if kept_neurons is not None:
+                row = _select_neurons(row, torch.as_tensor(kept_neurons[m][idx]), lv.fc1.out_features)
+            rows.append(row)
         per_layer.append(rows)
-    specs = [_layer_spec([lv] * members, [r["q_w"].shape[0] for r in rows], idx)
-             for idx, (lv, rows) in enumerate(zip(views, per_layer, strict=True))]
+    specs = []
+    for idx, (lv, rows) in enumerate(zip(views, per_layer, strict=True)):
+        heads = [r["q_w"].shape[0] for r in rows] * (members if idx < fork else 1)
+        widths = None if kept_neurons is None or idx < fork else [len(kept_neurons[m][idx]) for m in range(members)]
+        specs.append(_layer_spec([lv] * members, heads, idx, widths))
     config = _make_config(adapter, specs, members, mlp=mlp, layernorm=layernorm, lowering=lowering,
-                          head=head, keep_masks=masks.tolist(), source="masks")
+                          head=head, keep_masks=masks.tolist(), source="masks", fork=fork)
     heads = [adapter.head() for _ in range(1 if head == "shared" else members)]
     return _build(config, adapter.embeddings(), heads, per_layer)
 
@@ -95,6 +121,7 @@ def fuse_members(
     layernorm: str = "grouped",
     lowering: str = "conv",
     strict_embeddings: bool = True,
+    fork: int = 0,
 ) -> HydraModel:
     """Fuse M separate member models (pruned and possibly fine-tuned) of one architecture.
 
@@ -107,6 +134,11 @@ def fuse_members(
         lowering: ``conv`` | ``matmul``.
         strict_embeddings: raise :class:`~toolchain.errors.ModelError` if the members' embeddings stages
             differ (else use member 0's).
+        fork: layers before it run once on one stream: the members' layers there must be equal
+            (a :class:`~toolchain.errors.ModelError` names the first difference; freeze them while
+            fine-tuning the members, ``ModelAdapter.freeze_layers``).
+
+    Members whose MLPs were sliced (``ModelAdapter.prune(keep, neurons)``) need ``mlp="grouped"``.
 
     Returns:
         An eval-mode :class:`HydraModel` with one head stage per member.
@@ -123,13 +155,28 @@ def fuse_members(
         if a.num_layers != first.num_layers:
             raise ValueError(f"member {i} has {a.num_layers} layers; member 0 has {first.num_layers}")
     views = [a.layers() for a in adapters]
-    per_layer = [[_layer_weights(v[idx]) for v in views] for idx in range(first.num_layers)]
-    specs = [_layer_spec([v[idx] for v in views], [v[idx].num_heads for v in views], idx)
-             for idx in range(first.num_layers)]
+    _check_fork(fork, first.num_layers)
+    for idx in range(fork):
+        _check_trunk_layer(idx, [v[idx] for v in views])
+    per_layer = [[_layer_weights(v[idx]) for v in (views[:1] if idx < fork else views)]
+                 for idx in range(first.num_layers)]
+    source_width = _source_width(first)
+    specs = []
+    for idx in range(first.num_layers):
+        layer = [v[idx] for v in views]
+        widths = [lv.fc1.out_features for lv in layer]
+        sliced = len(set(widths)) > 1 or (source_width is not None and max(widths) < source_width)
+        if sliced and idx < fork:
+            raise ValueError(f"layer {idx} is before the fork ({fork}) but the members' MLPs are sliced there")
+        if sliced and mlp == "average":
+            raise ValueError(f"layer {idx}: the members keep their own MLP neurons (widths {widths}); "
+                             "mlp='average' cannot merge them, use mlp='grouped'")
+        specs.append(_layer_spec(layer, [lv.num_heads for lv in layer], idx, widths if sliced else None,
+                                 source_width))
     embeddings = first.embeddings()
     _check_shared_stage(embeddings, [a.embeddings() for a in adapters[1:]], strict_embeddings)
     config = _make_config(first, specs, len(adapters), mlp=mlp, layernorm=layernorm, lowering=lowering,
-                          head="member", keep_masks=None, source="members")
+                          head="member", keep_masks=None, source="members", fork=fork)
     return _build(config, embeddings, [a.head() for a in adapters], per_layer)
 
 
@@ -156,6 +203,61 @@ def _check_masks(keep_masks: torch.Tensor, heads: list[int]) -> torch.Tensor:
         if empty:
             raise ValueError(f"member(s) {empty} keep no head in layer {idx}; keep at least one head per layer")
     return masks
+
+
+def _check_fork(fork: int, layers: int) -> None:
+    if not isinstance(fork, int) or isinstance(fork, bool) or not 0 <= fork < layers:
+        raise ValueError(f"fork must be an int in [0, {layers - 1}] (the layers before the members split); "
+                         f"got {fork!r}")
+
+
+def _check_neurons(neurons: Sequence[Sequence[Sequence[int]]] | None, members: int, widths: list[int], fork: int,
+                   mlp: str) -> list[list[list[int]]] | None:
+    """``[M][L]`` sorted neuron indices, validated against the layers' widths (None stays None)."""
+    if neurons is None:
+        return None
+    if mlp != "grouped":
+        raise ValueError(f"neurons (per-member MLP slices) need mlp='grouped'; got mlp={mlp!r}")
+    if len(neurons) != members or any(len(row) != len(widths) for row in neurons):
+        raise ValueError(f"neurons must be [members={members}][layers={len(widths)}] index lists; got "
+                         f"{len(neurons)} members with {sorted({len(row) for row in neurons})} layers")
+    out = []
+    for m, row in enumerate(neurons):
+        member = []
+        for idx, (kept, width) in enumerate(zip(row, widths, strict=True)):
+            kept = sorted(int(i) for i in kept)
+            if not kept or len(set(kept)) != len(kept) or kept[0] < 0 or kept[-1] >= width:
+                raise ValueError(f"neurons[{m}][{idx}] must be distinct indices in [0, {width}); got {len(kept)} "
+                                 f"indices in [{kept[0] if kept else '-'}, {kept[-1] if kept else '-'}]")
+            if idx < fork and len(kept) != width:
+                raise ValueError(f"neurons[{m}][{idx}] slices a layer before the fork ({fork}); the trunk keeps "
+                                 "every neuron")
+            member.append(kept)
+        out.append(member)
+    return out
+
+
+def _check_trunk_layer(idx: int, layer: list[LayerView]) -> None:
+    """The members' layer ``idx`` (before the fork) must be equal: the fused model runs it once."""
+    ref_w = _layer_weights(layer[0])
+    for m, lv in enumerate(layer[1:], start=1):
+        w = _layer_weights(lv)
+        for key, value in ref_w.items():
+            if w[key].shape != value.shape or not torch.equal(w[key], value):
+                raise ModelError(f"member {m}'s layer {idx} differs from member 0's at {key!r}; layers before the "
+                                 "fork run once for every member.",
+                                 hint="Freeze the trunk while fine-tuning the members (ModelAdapter.freeze_layers), "
+                                      "or fuse with a smaller fork.")
+
+
+def _source_width(adapter: ModelAdapter) -> int | None:
+    """The MLP width of the unpruned architecture: its Hugging Face (tower) config's, which slicing leaves as it was."""
+    cfg = adapter._layer_config()  # the config that holds the layers' sizes (CLIP: the vision tower's)
+    for key in ("intermediate_size", "hidden_dim", "ffn_dim"):  # DistilBERT names it hidden_dim
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def _check_shared_stage(ref: nn.Module, others: list[nn.Module], strict: bool) -> None:
@@ -211,6 +313,15 @@ def _eps(norm: nn.Module) -> float:
     return float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-5)))
 
 
+def _select_neurons(weights: MemberLayer, kept: torch.Tensor, width: int) -> MemberLayer:
+    """The MLP neurons ``kept`` of a layer ``width`` wide: fc1 rows (gate and up rows when gated), fc2 columns."""
+    out = dict(weights)
+    rows = kept if weights["fc1_w"].shape[0] == width else torch.cat([kept, kept + width])  # gated: [gate; up]
+    out["fc1_w"], out["fc1_b"] = weights["fc1_w"][rows], weights["fc1_b"][rows]
+    out["fc2_w"] = weights["fc2_w"][:, kept]
+    return out
+
+
 def _select_heads(weights: MemberLayer, kept: torch.Tensor) -> MemberLayer:
     out = dict(weights)
     for key in ("q_w", "q_b", "k_w", "k_b", "v_w", "v_b", "o_w"):
@@ -218,12 +329,15 @@ def _select_heads(weights: MemberLayer, kept: torch.Tensor) -> MemberLayer:
     return out
 
 
-def _layer_spec(views: list[LayerView], heads: list[int], idx: int) -> LayerSpec:
-    """The layer's structure; all members must agree on everything but the head count."""
+def _layer_spec(views: list[LayerView], heads: list[int], idx: int, widths: list[int] | None = None,
+                source_width: int | None = None) -> LayerSpec:
+    """The layer's structure; all members must agree on everything but the head count and MLP slice.
+
+    ``widths``: the members' MLP neurons when sliced (None: the layer's full width, equal in all).
+    """
     ref = views[0]
     facts = {
         "head_dim": lambda lv: lv.head_dim,
-        "intermediate_size": lambda lv: lv.fc1.out_features,
         "act_name": lambda lv: lv.act_name,
         "norm_style": lambda lv: lv.norm_style,
         "scaling": lambda lv: float(lv.scaling),
@@ -242,7 +356,14 @@ def _layer_spec(views: list[LayerView], heads: list[int], idx: int) -> LayerSpec
         for name, get in facts.items():
             if get(lv) != values[name]:
                 raise ValueError(f"member {m} layer {idx} has {name}={get(lv)!r}; member 0 has {values[name]!r}")
-    return LayerSpec(heads=tuple(heads), **values)
+    if widths is None:
+        full = {lv.fc1.out_features for lv in views}
+        if len(full) != 1:
+            raise ValueError(f"layer {idx}: the members' MLP widths differ ({sorted(full)}); fuse them as slices")
+        return LayerSpec(heads=tuple(heads), intermediate_size=full.pop(), **values)
+    source = source_width if source_width is not None else ref.fc1.out_features
+    return LayerSpec(heads=tuple(heads), intermediate_size=max(widths), neurons=tuple(widths),
+                     source_intermediate=max(source, max(widths)), **values)
 
 
 def _make_config(adapter: ModelAdapter, specs: list[LayerSpec], members: int, **options: object) -> HydraConfig:
@@ -293,10 +414,30 @@ def _fill_block(block: HydraBlock, rows: list[MemberLayer], scaling: float, mlp:
         ln = getattr(block, ln_name)
         ln.weight.copy_(_merge([w[f"{ln_name}_w"] for w in rows], layernorm))
         ln.bias.copy_(_merge([w[f"{ln_name}_b"] for w in rows], layernorm))
+    if mlp == "grouped":  # per member, padded with zero neurons to the widest member (as heads are)
+        _fill_grouped_mlp(block, rows)
+        return
     for fc in ("fc1", "fc2"):
         lin = getattr(block.mlp, fc)
         lin.weight.copy_(_merge([w[f"{fc}_w"] for w in rows], mlp))
         lin.bias.copy_(_merge([w[f"{fc}_b"] for w in rows], mlp))
+
+
+@torch.no_grad()
+def _fill_grouped_mlp(block: HydraBlock, rows: list[MemberLayer]) -> None:
+    mlp = block.mlp
+    width = mlp.intermediate
+    for m, w in enumerate(rows):
+        n = w["fc2_w"].shape[1]  # the member's neurons
+        mlp.fc1.weight[m].zero_()
+        mlp.fc1.bias[m].zero_()
+        mlp.fc2.weight[m].zero_()
+        parts = [(0, 0)] + ([(n, width)] if mlp.gated else [])  # (source row, slot) of fc1's gate / up halves
+        for src, dst in parts:
+            mlp.fc1.weight[m, dst: dst + n] = w["fc1_w"][src: src + n]
+            mlp.fc1.bias[m, dst: dst + n] = w["fc1_b"][src: src + n]
+        mlp.fc2.weight[m, :, :n] = w["fc2_w"]
+        mlp.fc2.bias[m] = w["fc2_b"]
 
 
 def _build(config: HydraConfig, embeddings: nn.Module, heads: list[nn.Module],
@@ -304,7 +445,15 @@ def _build(config: HydraConfig, embeddings: nn.Module, heads: list[nn.Module],
     model = HydraModel(config, embeddings, heads)
     for idx, (block, rows) in enumerate(zip(model.blocks, per_layer, strict=True)):
         spec = config.layers[idx]
+        if idx < config.fork:  # the trunk: one stream, the source's layer
+            _fill_block(block, rows[:1], spec.scaling, "average", "average")
+            logger.info("layer %d: shared trunk (before the fork at %d), %d heads, run once", idx, config.fork,
+                        spec.padded_heads)
+            continue
         _fill_block(block, rows, spec.scaling, config.mlp, config.layernorm)
+        if spec.sliced:
+            logger.info("layer %d: members keep %s of %d MLP neurons (padded to %d)", idx, list(spec.neurons),
+                        spec.source_width, spec.intermediate_size)
         if spec.zero_heads:
             logger.info("layer %d: members keep %s heads; padded to %d per member (%d zero heads)",
                         idx, list(spec.heads), spec.padded_heads, spec.zero_heads)

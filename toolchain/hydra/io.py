@@ -26,7 +26,7 @@ import torch
 from toolchain.artifacts import atomic_folder
 from toolchain.errors import ModelError
 from toolchain.hydra.config import HydraConfig
-from toolchain.hydra.cost import hydra_cost, members_cost, single_cost, spec_from_hydra, stage_size
+from toolchain.hydra.cost import hydra_cost_of, members_cost, single_cost, spec_from_hydra, stage_size
 from toolchain.hydra.model import HydraModel
 from toolchain.models.base import ModelAdapter, registered_adapters
 
@@ -145,9 +145,10 @@ def summary(model: HydraModel) -> dict[str, Any]:
     dtype_bytes = next(model.parameters()).element_size()
     kw = {"batch": 1, "seq": 1, "dtype_bytes": dtype_bytes}
     single = single_cost(spec, **kw)
-    members = members_cost(spec, heads, **kw)
+    members = members_cost(spec, heads, fork=cfg.fork,
+                           neurons_per_member=cfg.neurons_per_member() if cfg.sliced else None, **kw)
     counted = stage_size(model)
-    analytic = hydra_cost(spec, heads, mlp=cfg.mlp, layernorm=cfg.layernorm, head_copies=len(model.heads), **kw)
+    analytic = hydra_cost_of(model, **kw)
     params = {"hydra": counted, "single": single.params, "members": members.params,
               "deep_ensemble": cfg.members * single.params}
     out: dict[str, Any] = {
@@ -164,6 +165,9 @@ def summary(model: HydraModel) -> dict[str, Any]:
         "heads_kept": heads,
         "padded_heads": [s.padded_heads for s in cfg.layers],
         "zero_heads": sum(s.zero_heads for s in cfg.layers),
+        "fork": cfg.fork,
+        "mlp_neurons": cfg.neurons_per_member(),  # [M][L] kept neurons (the full width where not sliced)
+        "mlp_source_width": [s.source_width for s in cfg.layers],
         "params": params,
         "params_analytic_hydra": analytic.params,
         "weight_bytes": {k: v * dtype_bytes for k, v in params.items()},
@@ -188,6 +192,14 @@ def format_summary(info: dict[str, Any]) -> str:
         lines.append(f"    member {m}: {' '.join(f'{n:>2}' for n in row)}  (total {sum(row)})")
     lines.append(f"    padded: {' '.join(f'{n:>2}' for n in info['padded_heads'])}  "
                  f"({info['zero_heads']} zero heads)")
+    fork = info.get("fork", 0)
+    if fork:
+        lines.append(f"  fork after layer {fork}: layers 0-{fork - 1} are the source's, run once on one stream")
+    widths = info.get("mlp_neurons")
+    if widths and any(n != w for row in widths for n, w in zip(row, info["mlp_source_width"], strict=True)):
+        lines.append(f"  MLP neurons kept per layer (of {' '.join(str(w) for w in info['mlp_source_width'])}):")
+        for m, row in enumerate(widths):
+            lines.append(f"    member {m}: {' '.join(str(n) for n in row)}")
     lines.append(f"  {'':<14}{'params':>14}{'MB':>10}{'x single':>10}")
     for key, label in (("single", "single model"), ("hydra", "hydra"), ("members", "M members"),
                        ("deep_ensemble", "deep ensemble")):

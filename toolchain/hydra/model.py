@@ -2,9 +2,11 @@
 
 ```
 inputs -> embeddings stage (once)         hidden [B, T, D], key bias [B, 1, 1, T]
+       -> fork x HydraBlock (one stream)  the source's first layers, run once (config.fork, default 0)
        -> M copies (one Concat)           stream [B, M * D, T] (conv: channels-first)
                                               or [B, M, T, D]  (matmul: token-major)
-       -> L x HydraBlock                  GFC attention, merged MLP, per-member LayerNorms
+       -> (L - fork) x HydraBlock         GFC attention, merged or per-member (sliced) MLP,
+                                          per-member LayerNorms
        -> member rows [B * M, T, D]       head stage: shared (on B * M rows) or one per member
        -> member_logits [B, M, C];  probs = mean_m softmax(member_logits) [B, C]
 ```
@@ -63,10 +65,14 @@ class HydraModel(nn.Module):
         self.hidden_size = config.hidden_size
         self.input_names = tuple(config.input_names)
         self.embeddings = embeddings
+        self.fork = config.fork
+        # the trunk (layers before the fork) is one stream: one MLP, one LayerNorm affine, the source's heads
         self.blocks = nn.ModuleList(
+            HydraBlock(spec, 1, config.hidden_size, mlp="average", layernorm="average", lowering=config.lowering)
+            if idx < config.fork else
             HydraBlock(spec, config.members, config.hidden_size, mlp=config.mlp, layernorm=config.layernorm,
                        lowering=config.lowering)
-            for spec in config.layers
+            for idx, spec in enumerate(config.layers)
         )
         self.heads = nn.ModuleList(heads)
 
@@ -88,9 +94,11 @@ class HydraModel(nn.Module):
             rope = tuple(t.transpose(1, 2)[:, None, None] if conv else t[:, None, :, None] for t in rope)
         # channels-first [B, M * D, T] (conv) or token-major [B, M, T, D] (matmul): LAYOUTS
         x = hidden.transpose(1, 2) if conv else hidden.unsqueeze(1)
+        for block in self.blocks[: self.fork]:  # the shared trunk: one stream
+            x = block(x, key_bias, rope)
         if self.members > 1:
             x = torch.cat([x] * self.members, dim=1)  # every member sees the same input; one Concat
-        for block in self.blocks:
+        for block in self.blocks[self.fork:]:
             x = block(x, key_bias, rope)
         if extras.get("pool") is not None:
             x = self._gather_token(x, extras["pool"])
@@ -152,4 +160,5 @@ class HydraModel(nn.Module):
     def extra_repr(self) -> str:
         """Options shown by ``repr``."""
         c = self.config
-        return f"family={c.family!r}, members={c.members}, mlp={c.mlp!r}, layernorm={c.layernorm!r}, head={c.head!r}"
+        return (f"family={c.family!r}, members={c.members}, mlp={c.mlp!r}, layernorm={c.layernorm!r}, "
+                f"head={c.head!r}, fork={c.fork}, sliced={c.sliced}")

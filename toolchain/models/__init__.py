@@ -7,6 +7,7 @@ Registering a family is its import line below (the module's ``@register_adapter`
 from toolchain.models import bert, clip, deit, distilbert, electra, llama, roberta, vit  # noqa: F401  (registers the adapters)
 from toolchain.models.base import (
     HEADS_ATTR,
+    MLP_ATTR,
     InputSpec,
     LayerView,
     ModelAdapter,
@@ -26,6 +27,7 @@ from toolchain.models.registry import families, family, family_for_model_type, f
 
 __all__ = [
     "HEADS_ATTR",
+    "MLP_ATTR",
     "InputSpec",
     "LayerView",
     "LoadedModel",

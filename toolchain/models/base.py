@@ -15,9 +15,10 @@ without editing their source:
   outputs do not change beyond float rounding) and restored afterwards.
 * **pruning** - Q/K/V output rows and O input columns of the removed heads are deleted with
   ``transformers.pytorch_utils.prune_linear_layer`` on a deep copy. HF attention modules reshape
-  with ``-1`` heads, so the remaining heads run unchanged. The per-layer head counts are stored
-  in the config (``hydra_heads_per_layer``) so :func:`toolchain.models.load_model` can rebuild
-  the pruned shapes and reload the weights.
+  with ``-1`` heads, so the remaining heads run unchanged. MLP neurons are sliced the same way
+  (``fc1``/``fc_up`` output rows, ``fc2`` input columns). The per-layer head counts (and MLP
+  widths, when sliced) are stored in the config (``hydra_heads_per_layer``,
+  ``hydra_mlp_per_layer``) so :func:`toolchain.models.load_model` can rebuild the pruned shapes.
 
 Adding a family means writing one :class:`ModelAdapter` subclass that declares the family's
 facts (Hugging Face ``model_types``, classes, inputs, tokenizer use, ``from_config``, example
@@ -39,7 +40,8 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
-from transformers.pytorch_utils import prune_linear_layer
+
+from toolchain.models.slicing import _neuron_index, _prune_layer, _prune_mlp
 
 NormStyle = Literal["post", "pre"]
 #: what a family needs a tokenizer for: its own inputs (text), class prompts (zero-shot), or nothing
@@ -47,6 +49,8 @@ TokenizerUse = Literal["inputs", "prompts"] | None
 
 #: config attribute holding the per-layer head counts of a pruned model
 HEADS_ATTR = "hydra_heads_per_layer"
+#: config attribute holding the per-layer MLP widths (intermediate neurons) of a neuron-sliced model
+MLP_ATTR = "hydra_mlp_per_layer"
 
 
 @dataclass
@@ -309,6 +313,22 @@ class ModelAdapter(ABC):
             param.requires_grad_(False)
         return sorted(shared)
 
+    def freeze_layers(self, count: int) -> list[str]:
+        """Stop gradients to every parameter of the first ``count`` prunable layers; their names, sorted.
+
+        A late fork's shared trunk: members keep the source's first layers during recovery.
+        The layers are :meth:`layer_modules` (the parts of each :class:`LayerView` where that is None).
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= self.num_layers:
+            raise ValueError(f"count={count!r} is out of range; it must be an integer in [0, {self.num_layers}]")
+        modules = self.layer_modules() or [nn.ModuleList(m for m in (lv.attention, lv.ln_attn, lv.ln_mlp, lv.fc1,
+                                           lv.fc2, lv.fc_up) if m is not None) for lv in self.layers()]
+        ids = {id(p) for module in modules[:count] for p in module.parameters()}
+        frozen = {name: p for name, p in self.model.named_parameters() if id(p) in ids}
+        for param in frozen.values():
+            param.requires_grad_(False)
+        return sorted(frozen)
+
     @abstractmethod
     def head(self) -> nn.Module:
         """A copy of the output stage: ``module(hidden [B, T, D]) -> logits [B, classes]``."""
@@ -335,6 +355,10 @@ class ModelAdapter(ABC):
     def head_dims(self) -> list[int]:
         """Head size of every prunable layer."""
         return [lv.head_dim for lv in self.layers()]
+
+    def mlp_per_layer(self) -> list[int]:
+        """MLP intermediate width (neurons, the input size of ``fc2``) of every prunable layer."""
+        return [lv.fc2.in_features for lv in self.layers()]
 
     def original_heads(self) -> int:
         """Heads per layer of the unpruned architecture (from the config)."""
@@ -491,24 +515,34 @@ class ModelAdapter(ABC):
         return previous
 
     # ------------------------------------------------------------------ pruning
-    def prune(self, keep: torch.Tensor | Sequence[Sequence[bool]]) -> nn.Module:
-        """Return a pruned deep copy that keeps the heads where ``keep`` is true.
+    def prune(self, keep: torch.Tensor | Sequence[Sequence[bool]],
+              neurons: Sequence[Sequence[int]] | None = None) -> nn.Module:
+        """Return a pruned deep copy that keeps the heads where ``keep`` is true (and the MLP ``neurons``).
 
         Args:
             keep: ``[layers, max_heads]`` bool; every layer must keep at least one head.
+            neurons: per layer, the MLP intermediate neurons to keep (distinct indices, at least
+                one); None keeps every neuron. A layer whose list covers every neuron is unchanged.
         """
         keep = torch.as_tensor(keep, dtype=torch.bool)
         if keep.dim() != 2 or keep.shape[0] != self.num_layers:
             raise ValueError(f"keep mask must be [layers={self.num_layers}, heads]; got {tuple(keep.shape)}")
+        if neurons is not None and len(neurons) != self.num_layers:
+            raise ValueError(f"neurons must have one list per layer ({self.num_layers}); got {len(neurons)}")
         new_model = copy.deepcopy(self.model)
         new_adapter = type(self)(new_model, **self.clone_kwargs())
+        sliced = False
         for idx, lv in enumerate(new_adapter.layers()):
             row = keep[idx, : lv.num_heads]
             if not bool(row.any()):
                 raise ValueError(f"layer {idx} would keep no head; keep at least one head per layer")
             kept = torch.nonzero(row).flatten()
             _prune_layer(lv, kept)
+            if neurons is not None:
+                sliced |= _prune_mlp(new_model, lv, _neuron_index(neurons[idx], lv.fc2.in_features, idx))
         new_adapter._record_heads()
+        if sliced:
+            setattr(new_adapter._layer_config(), MLP_ATTR, new_adapter.mlp_per_layer())
         return new_model
 
     def clone_kwargs(self) -> dict:
@@ -518,12 +552,20 @@ class ModelAdapter(ABC):
     def _record_heads(self) -> None:
         setattr(self._layer_config(), HEADS_ATTR, self.heads_per_layer())
 
-    def restructure(self, heads_per_layer: Sequence[int]) -> None:
-        """Shrink layers in place to ``heads_per_layer`` (first heads kept): used when reloading."""
-        for lv, n in zip(self.layers(), heads_per_layer, strict=True):
+    def restructure(self, heads_per_layer: Sequence[int], mlp_per_layer: Sequence[int] | None = None) -> None:
+        """Shrink layers in place to ``heads_per_layer`` and ``mlp_per_layer`` (None: unchanged): reloading.
+
+        The first heads and the first MLP neurons are kept (a saved pruned model stores them so).
+        """
+        widths = list(mlp_per_layer) if mlp_per_layer is not None else self.mlp_per_layer()
+        for lv, n, w in zip(self.layers(), heads_per_layer, widths, strict=True):
             if n < lv.num_heads:
                 _prune_layer(lv, torch.arange(n))
+            if w < lv.fc2.in_features:
+                _prune_mlp(self.model, lv, torch.arange(w))
         self._record_heads()
+        if mlp_per_layer is not None:
+            setattr(self._layer_config(), MLP_ATTR, self.mlp_per_layer())
 
 
 def _gate_hook(gates: torch.Tensor, layer: int, heads: int, head_dim: int):
@@ -551,42 +593,6 @@ def _capture_hook(store: list[torch.Tensor]):
         store.append(probs.detach())
 
     return hook
-
-
-def _prune_layer(lv: LayerView, kept: torch.Tensor) -> None:
-    """Keep the heads ``kept`` (sorted indices) of one layer, in place (every head kept: unchanged).
-
-    Grouped-query attention: a key/value head stays while any of its query heads does, and the
-    pruned layer gets one K/V head per kept query head (a copy of its group's), so the layer is
-    plain multi-head attention (``num_key_value_groups = 1``): Hugging Face maps query head ``h``
-    to K/V head ``h // groups``, which holds only for equal group sizes, and heads pruned unevenly
-    within groups break that. The K/V weights grow from ``H_kv`` to the kept count.
-    """
-    if int(kept.numel()) == lv.num_heads:
-        return
-    d, rep = lv.head_dim, lv.kv_repeat
-    index = (kept[:, None] * d + torch.arange(d)[None, :]).flatten()
-    kv_index = ((kept // rep)[:, None] * d + torch.arange(d)[None, :]).flatten()
-    holder, _ = _owner_of(lv.attention, lv.q)
-    for lin, dim, rows in ((lv.q, 0, index), (lv.k, 0, kv_index), (lv.v, 0, kv_index), (lv.o, 1, index)):
-        owner, name = _owner_of(lv.attention, lin)
-        setattr(owner, name, prune_linear_layer(lin, rows, dim=dim))
-    if rep > 1 and hasattr(holder, "num_key_value_groups"):
-        holder.num_key_value_groups = 1
-    n = int(kept.numel())
-    if hasattr(holder, lv.heads_attr):
-        setattr(holder, lv.heads_attr, n)
-    if lv.size_attr and hasattr(holder, lv.size_attr):
-        setattr(holder, lv.size_attr, n * d)
-
-
-def _owner_of(root: nn.Module, target: nn.Module) -> tuple[nn.Module, str]:
-    """The module under ``root`` that holds ``target`` as a direct child, and the child's name."""
-    for mod in root.modules():
-        for name, child in mod.named_children():
-            if child is target:
-                return mod, name
-    raise RuntimeError(f"{type(target).__name__} not found under {type(root).__name__}")
 
 
 class _StopForward(Exception):

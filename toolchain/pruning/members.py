@@ -278,6 +278,7 @@ def make_members(
     temperature: float | None = None,
     criteria: Sequence[str] | None = None,
     criterion_params: Mapping[str, Mapping[str, Any]] | None = None,
+    fork: int = 0,
     **params: Any,
 ) -> list[Member]:
     """Build ``m`` members of one model.
@@ -300,6 +301,9 @@ def make_members(
         core: shared core heads per layer for ``"partition"`` (default 0), >= 0.
         temperature: Gumbel-top-k temperature for ``"sampled"`` (default 1.0), in ``[0, inf]``.
         criteria: ``m`` criterion names for ``"mixed-criteria"`` (member ``i`` uses ``criteria[i]``).
+        fork: layers before it keep every head in every member (a Hydra model's shared trunk); the
+            plan (ratio, budget, scope, floor) covers the layers from ``fork`` on. Scoring still sees
+            every layer (a circuit search steps through the trunk too; its scores there are unused).
         criterion_params: ``{criterion: {param: value}}`` for ``"mixed-criteria"``: parameters of one
             criterion only (they override ``**params``).
         **params: the criterion's parameters (for ``"mixed-criteria"``: given to every listed
@@ -351,7 +355,7 @@ def make_members(
     if strategy == "circuit-samples":
         size = max(1, n // 2) if subset_size is None else check_int("subset_size", subset_size, lo=1, hi=n)
 
-    plan_args = {"scope": scope, "min_heads_per_layer": min_heads_per_layer}
+    plan_args = {"scope": scope, "min_heads_per_layer": min_heads_per_layer, "fork": fork}
     shared: HeadScores | None = (
         score_heads(adapter, data, criterion, **params) if strategy in ("ratios", "partition", "sampled") else None
     )

@@ -18,6 +18,7 @@ Rules (higher score = more important = kept first):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -57,6 +58,7 @@ def keep_mask(
     budget: int | None = None,
     scope: str = "global",
     min_heads_per_layer: int = 1,
+    fork: int = 0,
 ) -> torch.Tensor:
     """Which heads to keep.
 
@@ -66,6 +68,8 @@ def keep_mask(
         budget: number of heads to keep, in ``[layers * min_heads_per_layer, total heads]``.
         scope: ``"global"`` or ``"layer"``.
         min_heads_per_layer: floor of kept heads per layer (>= 1, at most the smallest layer).
+        fork: layers before it keep every head (a Hydra model's shared trunk, run once); the
+            ratio, budget and scope apply to the layers from ``fork`` on only.
 
     Returns:
         bool ``[layers, max_heads]``; False past a layer's head count.
@@ -76,6 +80,16 @@ def keep_mask(
     """
     check_choice("scope", scope, SCOPES)
     hpl = list(scores.heads_per_layer)
+    fork = check_int("fork", fork, lo=0, hi=len(hpl) - 1)
+    if fork:  # plan the member layers alone; the trunk keeps every head
+        tail = dataclasses.replace(scores, scores=scores.scores[fork:, : max(hpl[fork:])].clone(),
+                                   heads_per_layer=hpl[fork:])
+        planned = keep_mask(tail, ratio=ratio, budget=budget, scope=scope, min_heads_per_layer=min_heads_per_layer)
+        keep = torch.zeros(len(hpl), max(hpl), dtype=torch.bool)
+        for l, n in enumerate(hpl[:fork]):
+            keep[l, :n] = True
+        keep[fork:, : planned.shape[1]] = planned
+        return keep
     n_layers, total = len(hpl), sum(hpl)
     floor = check_int("min_heads_per_layer", min_heads_per_layer, lo=1)
     if floor > min(hpl):

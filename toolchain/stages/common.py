@@ -215,11 +215,13 @@ def build_hydra(ctx: Context, lowering: str | None = None) -> torch.nn.Module:
     f = ctx.recipe.fusion
     low = lowering or f.lowering
     prune_dir = ctx.stage_dir("prune")
+    fork = ctx.recipe.pruning.fork
     if ctx.recipe.pruning.recovery.steps > 0:
         members = [load_stage_model(ctx, prune_dir / f"member{i}")[1] for i in range(ctx.recipe.pruning.members)]
-        return fuse_members(members, mlp=f.mlp, layernorm=f.layernorm, lowering=low)
+        return fuse_members(members, mlp=f.mlp, layernorm=f.layernorm, lowering=low, fork=fork)
     _model, adapter, _tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
-    return fuse(adapter, member_masks(ctx), mlp=f.mlp, layernorm=f.layernorm, lowering=low)
+    neurons = read_json(prune_dir / "members.json").get("mlp", {}).get("neurons")
+    return fuse(adapter, member_masks(ctx), mlp=f.mlp, layernorm=f.layernorm, lowering=low, fork=fork, neurons=neurons)
 
 
 def example_feed(ctx: Context, batch: int, seq: int | None = None, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -45,6 +45,11 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
     p = r.pruning
     _model, adapter, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
     hpl = adapter.heads_per_layer()
+    if p.fork >= len(hpl):
+        from toolchain.errors import RecipeError
+
+        raise RecipeError(f"field 'pruning.fork': {p.fork} leaves no layer to the members; this model has "
+                          f"{len(hpl)} layers (fork at most {len(hpl) - 1}).")
     crit = r.scoring.criterion
     rule = p.keep_rule()
     extra: dict[str, Any] = {}
@@ -70,14 +75,19 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
     else:
         members = make_members(
             adapter, calibration(ctx, tok), m=p.members, strategy=p.strategy,
-            seed=r.seed, scope=p.scope, min_heads_per_layer=p.min_heads_per_layer, **rule, **extra,
+            seed=r.seed, scope=p.scope, min_heads_per_layer=p.min_heads_per_layer, fork=p.fork, **rule, **extra,
         )
     masks = torch.stack([mb.keep for mb in members])
+    neurons = _member_neurons(ctx, adapter, tok) if p.mlp_share is not None else None
     val_logits = []
     val, _back = batching.in_length_order(ctx.data["val"], tok, r.model.max_length)  # less padding; labels follow
     with torch.no_grad():
-        for mb in members:
-            outs = [adapter.gated_logits(b, mb.keep.float()) for b, _ in batching.batches(val, 64, tok, r.model)]
+        for i, mb in enumerate(members):
+            if neurons is None:
+                outs = [adapter.gated_logits(b, mb.keep.float()) for b, _ in batching.batches(val, 64, tok, r.model)]
+            else:  # the member as it will be: its heads and its MLP neurons
+                pa = adapter_for(adapter.prune(mb.keep, neurons=neurons[i]), **adapter_kwargs(adapter))
+                outs = [pa.logits(b) for b, _ in batching.batches(val, 64, tok, r.model)]
             val_logits.append(torch.cat(outs))
     stacked = torch.stack(val_logits)
     labels = torch.as_tensor(val.labels)
@@ -90,15 +100,21 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
         dis = prediction_disagreement(stacked)
         diversity["disagreement_val"] = {k: v for k, v in dis.items() if k != "ensemble_pred"}
     kept = [{"index": mb.index, "seed": mb.seed, "keep": mb.keep.int().tolist()} for mb in members]
-    atomic_write_json(work / "members.json", {"criterion": crit, "strategy": r.pruning.strategy, "rule": rule,
-                                              "members": kept})
+    record = {"criterion": crit, "strategy": r.pruning.strategy, "rule": rule, "members": kept}
+    if p.fork:
+        record["fork"] = p.fork
+    if neurons is not None:
+        record["mlp"] = {"share": p.mlp_share, "core": p.mlp_core, "criterion": "taylor",
+                         "neurons": neurons}  # [M][L] kept intermediate neuron indices
+        diversity["mlp_neurons_kept"] = [[len(layer) for layer in member] for member in neurons]
+    atomic_write_json(work / "members.json", record)
     atomic_write_json(work / "diversity.json", diversity)
     if searched and dist.is_main():
         cached.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(cached, {"members": kept})
     plot_member_masks(masks, work / "members.png", title=f"{r.name}: heads kept per member")
     if r.pruning.recovery.steps > 0:
-        _recover_members(ctx, adapter, tok, masks, work)
+        _recover_members(ctx, adapter, tok, masks, work, neurons)
     jac = diversity.get("jaccard", {}).get("overall")
     ctx.console.print(f"  {len(members)} members keep {diversity['kept_heads']} heads; "
                       + (f"mean Jaccard {jac:.3f}; " if jac is not None else "")
@@ -115,8 +131,8 @@ def masks_cache(ctx: Context) -> Path:
 
     The key covers every input of the search (``make_members``) and no more: the ``finetune`` stage's key
     (the ``model``, ``data`` and ``finetune`` sections, the seed, the data files' and checkpoint's
-    content), the ``scoring`` section and every ``pruning`` field but ``recovery``, which only the
-    fine-tune after the search reads. So rows
+    content), the ``scoring`` section and every ``pruning`` field but ``recovery``, ``mlp_share`` and
+    ``mlp_core``, which only the steps after the search read. So rows
     that differ only in recovery (steps, data, distillation) search once: the default recipe's three
     circuit searches take about 106 s on 2 cores.
     """
@@ -124,7 +140,10 @@ def masks_cache(ctx: Context) -> Path:
     import json
 
     pruning = ctx.recipe.pruning.model_dump(mode="json")
-    pruning.pop("recovery", None)
+    for name in ("recovery", "mlp_share", "mlp_core"):  # read after the search (fine-tune, MLP slices)
+        pruning.pop(name, None)
+    if not pruning.get("fork"):
+        pruning.pop("fork", None)  # at its default: the key from before the field existed
     h = hashlib.sha256(f"member masks {MASKS_VERSION}".encode())
     h.update(ctx.key("finetune").encode())
     h.update(ctx.recipe.digest("scoring").encode())
@@ -141,8 +160,31 @@ def _cached_members(path: Path) -> list[SimpleNamespace] | None:
         return None
 
 
-def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch.Tensor, work: Path) -> None:
-    """Prune each member physically and fine-tune it (per-member seed and data order)."""
+def _member_neurons(ctx: Context, adapter: ModelAdapter, tok: Any) -> list[list[list[int]]]:
+    """``[M][L]`` MLP neurons each member keeps: Taylor importance on the calibration data, split by share and core."""
+    from toolchain.pruning.neurons import split_neurons
+    from toolchain.scoring.neurons import neuron_scores
+
+    p = ctx.recipe.pruning
+    calib = []  # the calibration rows with labels: OOD rows (label -1) have no loss to take a gradient of
+    for batch, labels in calibration(ctx, tok):
+        rows = labels >= 0
+        if bool(rows.any()):
+            calib.append(({k: v[rows] for k, v in batch.items()}, labels[rows]))
+    scores = neuron_scores(adapter, calib, layers=range(p.fork, adapter.num_layers))
+    neurons = split_neurons(scores, p.members, p.mlp_share, core=p.mlp_core, fork=p.fork)
+    widths = [len(layer) for layer in neurons[0]]
+    ctx.console.print(f"  MLP neurons per member from layer {p.fork} on: {widths[p.fork:]} of "
+                      f"{[int(s.numel()) for s in scores][p.fork:]} (share {p.mlp_share}, core {p.mlp_core})")
+    return neurons
+
+
+def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch.Tensor, work: Path,
+                     neurons: list[list[list[int]]] | None = None) -> None:
+    """Prune each member physically (heads, and MLP neurons when sliced) and fine-tune it (own seed and data order).
+
+    The shared input stage and the layers before ``pruning.fork`` stay frozen: the fused model runs them once.
+    """
     from toolchain.models import save_model
     from toolchain.pruning.finetune import finetune
 
@@ -155,9 +197,11 @@ def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch
     teacher = adapter.logits if rec.distill > 0 else None
     for i in jobs.items:
         keep = masks[i]
-        pruned = adapter.prune(keep)
+        pruned = adapter.prune(keep, neurons=None if neurons is None else neurons[i])
         pa = adapter_for(pruned, **adapter_kwargs(adapter))
         pa.freeze_shared()  # the fused model runs the input stage once for all members: keep it the base's
+        if ctx.recipe.pruning.fork:
+            pa.freeze_layers(ctx.recipe.pruning.fork)  # and the trunk before the fork
         seed = ctx.recipe.seed + 7919 * (i + 1)
         part = train
         if rec.bootstrap:  # the member's own resample of the training split (with replacement)
@@ -179,7 +223,7 @@ def _recover_members(ctx: Context, adapter: ModelAdapter, tok: Any, masks: torch
         for i in sorted(results):
             pruned = results[i]
             if not isinstance(pruned, torch.nn.Module):
-                state, pruned = pruned, adapter.prune(masks[i])
+                state, pruned = pruned, adapter.prune(masks[i], neurons=None if neurons is None else neurons[i])
                 pruned.load_state_dict(state)
             save_model(pruned, work / f"member{i}", tokenizer=tok)
 

@@ -80,7 +80,8 @@ def _inspect_hydra(path: Path) -> dict[str, Any]:
             "source": c.source, "inputs": list(c.input_names),
             "heads_per_layer": [list(spec.heads) for spec in c.layers],
             "kept_heads": [[spec.heads[m] for spec in c.layers] for m in range(c.members)],
-            "original_heads": c.original_heads, "summary": summary(model)}
+            "original_heads": c.original_heads, "fork": c.fork,
+            "mlp_neurons": c.neurons_per_member() if c.sliced else None, "summary": summary(model)}
 
 
 def inspect_path(path: str | Path) -> dict[str, Any]:
@@ -119,6 +120,13 @@ def format_inspection(info: dict[str, Any]) -> str:
                  f"inputs: {', '.join(info['inputs'])}",
                  f"kept heads per layer (of {info['original_heads']}):"]
         lines += [f"  member {m}: {heads}" for m, heads in enumerate(info["kept_heads"])]
+        if info.get("fork"):
+            lines.append(f"fork: layers 0-{info['fork'] - 1} run once on one stream (the source's), the members "
+                         f"split at layer {info['fork']}")
+        if info.get("mlp_neurons"):
+            widths = info["summary"].get("mlp_source_width", [])
+            lines.append(f"MLP neurons kept per layer (of {widths}):")
+            lines += [f"  member {m}: {row}" for m, row in enumerate(info["mlp_neurons"])]
         params = info["summary"].get("params", {})
         if params:
             lines.append("parameters: " + ", ".join(f"{k} {v:,}" for k, v in params.items()))

@@ -156,7 +156,9 @@ class OvRunner(Runner):
     def _input_specs_impl(self) -> dict[str, TensorSpec]:
         specs = {}
         for port in self._compiled.inputs:
-            name = port.get_any_name()
+            # the graph's own input name: compiling can merge an input with the tensor a Cast makes of it (a
+            # LLaMA attention_mask), and get_any_name() may then return the Cast's output name
+            name = next((n for n in sorted(port.get_names()) if n in self._recorded), port.get_any_name())
             try:
                 dtype = np.dtype(port.get_element_type().to_dtype())
             except (TypeError, RuntimeError) as exc:
