@@ -318,7 +318,10 @@ def _decide(ctx: Context, st: Stage, sd: StageDir, forced: str | None) -> tuple[
     recorded = (read_manifest(sd.final) or {}).get("upstream_outputs")
     if not isinstance(recorded, dict):  # published before upstream outputs were recorded: the keys decide
         return True, None
-    changed = [u for u in _ancestors(st) if u in recorded and recorded[u] != _outputs_digest(ctx, u)]
+    # an ancestor this context does not publish (a compare variant's score stage: prune scores itself) was not
+    # rebuilt: a variant that reuses the recipe's own prune / fuse / evaluate folders keeps them
+    now = {u: _outputs_digest(ctx, u) for u in _ancestors(st) if u in recorded}
+    changed = [u for u, digest in now.items() if digest is not None and recorded[u] != digest]
     if changed:
         return False, f"upstream {', '.join(changed)} rebuilt since"
     return True, None

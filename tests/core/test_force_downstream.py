@@ -197,3 +197,22 @@ def test_a_rebuilt_ancestor_reruns_a_stage_whose_direct_upstream_did_not_change(
     assert run(force=["export"], until="export") == ["export"]
     assert run() == ["build", "parity"]  # build's files are unchanged, but parity read the old graphs
     assert run() == []
+
+
+def test_an_ancestor_this_context_does_not_publish_was_not_rebuilt(fake, tmp_path):
+    """A compare variant reusing the recipe's own folders has no score stage of its own: they stay up to date."""
+    from toolchain.artifacts import StageDir
+
+    ctx, *_ = fake()
+    sd = StageDir(ctx.root, "d", ctx.key("d"))
+    assert pipeline._decide(ctx, pipeline.STAGES["d"], sd, None) == (True, None)
+    own = ctx.stage_dir
+    ctx.stage_dir = lambda name: tmp_path / "variant" / name if name == "b" else own(name)  # b unpublished here
+    assert pipeline._decide(ctx, pipeline.STAGES["d"], sd, None) == (True, None)
+    (tmp_path / "variant").mkdir()
+    import shutil
+
+    shutil.copytree(own("b"), tmp_path / "variant" / "b")
+    (tmp_path / "variant" / "b" / "manifest.json").write_text(
+        json.dumps({**json.loads((own("b") / "manifest.json").read_text()), "files": {"out.txt": "other"}}))
+    assert pipeline._decide(ctx, pipeline.STAGES["d"], sd, None) == (False, "upstream b rebuilt since")

@@ -46,7 +46,7 @@ def test_bad_lever_settings_name_the_field(pruning, fusion, message):
 def test_a_compare_variant_with_slices_needs_the_grouped_mlp_too():
     data = default()
     data["compare"] = [{"name": "sliced", "pruning": {"mlp_share": 0.4}}]
-    with pytest.raises(RecipeError, match="field 'compare.0.fusion.mlp'"):
+    with pytest.raises(RecipeError, match=r"field 'compare\.0\.fusion\.mlp'"):
         parse_recipe(data, "r.yaml")
     data["compare"][0]["fusion"] = {"mlp": "grouped"}
     recipe = parse_recipe(data, "r.yaml")
