@@ -147,6 +147,10 @@ class Context:
     #: of forced bench``, ``upstream bench rebuilt since``; see :func:`force_reasons`)
     forced_reruns: dict[str, str] = field(default_factory=dict, repr=False)
 
+    def publishes(self, name: str) -> bool:
+        """Whether this context runs and publishes stage ``name`` (a compare variant runs only some)."""
+        return True
+
     @property
     def root(self) -> Path:
         """``artifacts/<recipe name>``."""
@@ -320,8 +324,8 @@ def _decide(ctx: Context, st: Stage, sd: StageDir, forced: str | None) -> tuple[
         return True, None
     # an ancestor this context does not publish (a compare variant's score stage: prune scores itself) was not
     # rebuilt: a variant that reuses the recipe's own prune / fuse / evaluate folders keeps them
-    now = {u: _outputs_digest(ctx, u) for u in _ancestors(st) if u in recorded}
-    changed = [u for u, digest in now.items() if digest is not None and recorded[u] != digest]
+    changed = [u for u in _ancestors(st)
+               if u in recorded and ctx.publishes(u) and recorded[u] != _outputs_digest(ctx, u)]
     if changed:
         return False, f"upstream {', '.join(changed)} rebuilt since"
     return True, None

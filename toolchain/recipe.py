@@ -238,7 +238,7 @@ class PruningSection(_Strict):
         elif self.criteria is not None:
             raise ValueError(f"'criteria' is only used by strategy 'mixed-criteria' (strategy is '{self.strategy}')")
         if self.mlp_core and (self.mlp_share is None or self.mlp_core > self.mlp_share):
-            raise ValueError(f"mlp_core ({self.mlp_core}) must be at most mlp_share ({self.mlp_share})")
+            raise ValueError(f"mlp_core ({self.mlp_core}) is in every member's share: it needs an mlp_share >= it")
         return self
 
     def keep_rule(self) -> dict[str, float | int]:

@@ -343,9 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         entry = CompareEntry(name=name, **ROWS[name])
         sub = VariantContext(ctx, recipe.variant(entry))
         if all(sub.key(st) == ctx.key(st) for st in VARIANT_STAGES):
-            # the recipe's own Hydra (``default``): read its stages where they are. Linked into the variant
-            # folder, the pipeline would rebuild them: their manifests record the recipe's score stage, which a
-            # variant does not link (toolchain.pipeline._decide: "upstream score rebuilt since")
+            # the recipe's own Hydra (``default``): read its stages where they are (no copy into the variant folder)
             sub, reused = ctx, {st: "the recipe's own" for st in VARIANT_STAGES}
         else:
             reused = diversity.reuse_stages(ctx, sub, console)

@@ -200,19 +200,37 @@ def test_a_rebuilt_ancestor_reruns_a_stage_whose_direct_upstream_did_not_change(
 
 
 def test_an_ancestor_this_context_does_not_publish_was_not_rebuilt(fake, tmp_path):
-    """A compare variant reusing the recipe's own folders has no score stage of its own: they stay up to date."""
+    """A compare variant reusing the recipe's own folders has no score stage of its own: they stay up to date.
+
+    Only a stage the context declares it does not publish is left out: a published ancestor whose folder is
+    missing or differs still makes its downstream rerun.
+    """
+    import shutil
+
     from toolchain.artifacts import StageDir
 
     ctx, *_ = fake()
     sd = StageDir(ctx.root, "d", ctx.key("d"))
     assert pipeline._decide(ctx, pipeline.STAGES["d"], sd, None) == (True, None)
     own = ctx.stage_dir
-    ctx.stage_dir = lambda name: tmp_path / "variant" / name if name == "b" else own(name)  # b unpublished here
+    ctx.stage_dir = lambda name: tmp_path / "variant" / name if name == "b" else own(name)  # b not here
+    assert pipeline._decide(ctx, pipeline.STAGES["d"], sd, None) == (False, "upstream b rebuilt since")
+    ctx.publishes = lambda name: name != "b"  # as a compare variant says of the score stage
     assert pipeline._decide(ctx, pipeline.STAGES["d"], sd, None) == (True, None)
+    ctx.publishes = lambda name: True
     (tmp_path / "variant").mkdir()
-    import shutil
-
     shutil.copytree(own("b"), tmp_path / "variant" / "b")
     (tmp_path / "variant" / "b" / "manifest.json").write_text(
         json.dumps({**json.loads((own("b") / "manifest.json").read_text()), "files": {"out.txt": "other"}}))
     assert pipeline._decide(ctx, pipeline.STAGES["d"], sd, None) == (False, "upstream b rebuilt since")
+
+
+def test_a_compare_variant_publishes_only_its_own_and_linked_stages():
+    from toolchain.stages.common import VARIANT_STAGES, VariantContext
+
+    recipe = load_recipe(ROOT / "recipes" / "minilm-tweets.yaml", profile="quick")  # it has compare variants
+    parent = Context(recipe=recipe, progress=False)
+    variant = VariantContext(parent, recipe.variant(recipe.compare[0]))
+    assert [s for s in stages() if variant.publishes(s)] == [s for s in stages()
+                                                             if s in (*VariantContext.LINKED, *VARIANT_STAGES)]
+    assert not variant.publishes("score") and parent.publishes("score")

@@ -30,8 +30,8 @@ def test_the_levers_at_their_defaults_keep_every_section_digest():
 
 @pytest.mark.parametrize(("pruning", "fusion", "message"), [
     ({"mlp_share": 0.5}, {"mlp": "average"}, "field 'fusion.mlp': pruning.mlp_share"),
-    ({"mlp_share": 0.3, "mlp_core": 0.4}, {"mlp": "grouped"}, "mlp_core (0.4) must be at most mlp_share (0.3)"),
-    ({"mlp_core": 0.1}, {"mlp": "grouped"}, "mlp_core (0.1) must be at most mlp_share (None)"),
+    ({"mlp_share": 0.3, "mlp_core": 0.4}, {"mlp": "grouped"}, "mlp_core (0.4) is in every member's share"),
+    ({"mlp_core": 0.1}, {"mlp": "grouped"}, "mlp_core (0.1) is in every member's share"),
     ({"mlp_share": 0.0}, {"mlp": "grouped"}, "pruning.mlp_share"),
     ({"fork": -1}, {}, "pruning.fork"),
 ])

@@ -11,8 +11,11 @@ from toolchain.scoring import OOD_LABEL, circuit_scores, evaluate_masks, objecti
 from toolchain.scoring.calibration import as_calibration
 
 
-def _reference_circuit(adapter, calib, n_heads):
-    """The layer-conditioned greedy search written out with one gated forward per mask (loss objective)."""
+def _reference_circuit(adapter, calib, n_heads, fork=0):
+    """The layer-conditioned greedy search written out with one gated forward per mask (loss objective).
+
+    Layers before ``fork`` (a Hydra model's shared trunk) are never masked and not searched.
+    """
     hpl = adapter.heads_per_layer()
     chosen = []
 
@@ -25,6 +28,8 @@ def _reference_circuit(adapter, calib, n_heads):
         return float(F.cross_entropy(logits, torch.cat([y for _, y in calib])))
 
     for l, n in enumerate(hpl):
+        if l < fork:
+            continue
         damage = {h: loss([*chosen, (l, h)]) for h in range(n)}
         best = sorted(damage, key=lambda h: (-damage[h], h))[:n_heads]
         chosen.extend((l, h) for h in sorted(best))
@@ -77,6 +82,23 @@ def test_objectives_on_hand_made_logits():
     assert objective_value("nll", logits, labels) == pytest.approx(expected)
     # OOD rows: max-prob 0.5 and 0.95; ID rows 0.88 and 0.73 -> OOD row 2 ranks above both ID, row 3 below both
     assert objective_value("ood_auroc", logits, labels) == pytest.approx(0.5)
+
+
+def test_with_a_fork_the_trunk_is_never_masked_and_scores_above_every_head(bert, make_calib):
+    calib = make_calib(bert, sizes=(5, 3))
+    got = circuit_scores(bert.adapter, calib, n_heads=2, fork=1)
+    circuit = [tuple(x) for x in got.extras["circuit"]]
+    assert circuit == _reference_circuit(bert.adapter, calib, 2, fork=1) and all(l >= 1 for l, _ in circuit)
+    hpl = bert.adapter.heads_per_layer()
+    trunk = got.scores[0, : hpl[0]]
+    assert bool(torch.isnan(torch.tensor(got.extras["damage"][0][: hpl[0]])).all())
+    assert float(trunk.min()) > float(got.scores[1:][torch.isfinite(got.scores[1:])].max())
+    keep = keep_mask(got, budget=2 * (len(hpl) - 1), fork=1)  # the plan of the searched layers keeps the circuit
+    assert bool(keep[0, : hpl[0]].all()) and {tuple(x) for x in torch.nonzero(keep).tolist() if x[0] >= 1} == set(
+        circuit)
+    assert got.params["fork"] == 1 and got.extras["mask_evaluations"] == sum(n + 1 for n in hpl[1:])
+    with pytest.raises(ValueError, match="fork"):
+        circuit_scores(bert.adapter, calib, n_heads=2, fork=len(hpl))
 
 
 def test_circuit_scores_make_plans_keep_exactly_the_circuit(bert, make_calib):

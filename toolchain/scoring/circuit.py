@@ -237,6 +237,7 @@ def circuit_scores(
     mode: str = "batched",
     max_batch_size: int = 128,
     share_prefix: bool = True,
+    fork: int = 0,
 ) -> HeadScores:
     """Layer-conditioned circuit search; the circuit is expressed as scores (see the module docstring).
 
@@ -252,6 +253,9 @@ def circuit_scores(
             costs the same per row from 32 to 128 rows and more per row beyond; raise it on a GPU).
         share_prefix: run the layers a step's masks gate alike once per batch (:func:`evaluate_masks`);
             the same selection, not recorded in ``params``.
+        fork: layers before it are a Hydra model's shared trunk, kept whole: the search starts at
+            layer ``fork`` (no trunk head is ever masked) and the trunk's heads score above every
+            other head (their damage stays NaN in ``extras``).
     """
     n_heads = check_int("n_heads", n_heads, lo=1)
     check_choice("objective", objective, OBJECTIVES)
@@ -280,18 +284,21 @@ def circuit_scores(
 
     hpl = adapter.heads_per_layer()
     n_layers, max_h = len(hpl), max(hpl)
+    fork = check_int("fork", fork, lo=0, hi=n_layers - 1)
     damage = nan_scores(hpl)
     circuit: list[tuple[int, int]] = []
     references: list[float] = []
     with eval_mode(adapter.model):
         for l, n_l in enumerate(hpl):
+            if l < fork:  # the trunk: never masked
+                continue
             masks = torch.stack(
                 [_mask(n_layers, max_h, circuit)]
                 + [_mask(n_layers, max_h, [*circuit, (l, h)]) for h in range(n_l)]
             )
             logits = evaluate_masks(adapter, data, masks, mode=used, max_batch_size=max_batch_size,
                                     share_prefix=share_prefix)
-            if l == 0:
+            if l == fork:
                 check_labels(labels, logits.shape[-1], criterion="circuit", allow_ood=True)
             values = [objective_value(objective, logits[k], labels, task_weight) for k in range(len(masks))]
             references.append(values[0])
@@ -313,6 +320,8 @@ def circuit_scores(
     scores[torch.isinf(scores)] = float(finite.min()) - 1.0 if finite.numel() else 0.0
     for l, h in circuit:
         scores[l, h] += offset
+    for l, n_l in enumerate(hpl[:fork]):  # the trunk: kept whole, above every searched head
+        scores[l, :n_l] = (float(finite.max()) if finite.numel() else 0.0) + offset + 1.0
     return HeadScores(
         scores=scores,
         criterion="circuit",
@@ -320,6 +329,7 @@ def circuit_scores(
             "n_heads": n_heads,
             "objective": objective,
             **({"task_weight": task_weight} if task_weight else {}),
+            **({"fork": fork} if fork else {}),
             "mode": mode,
             "mode_used": used,
             "max_batch_size": max_batch_size,
@@ -333,6 +343,6 @@ def circuit_scores(
             "step_reference": references,
             "unmasked_objective": references[0],
             "num_samples": len(labels),
-            "mask_evaluations": sum(n + 1 for n in hpl),
+            "mask_evaluations": sum(n + 1 for n in hpl[fork:]),
         },
     )

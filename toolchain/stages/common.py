@@ -142,6 +142,9 @@ def criterion_params_for(ctx: Context, criterion: str, heads_per_layer: list[int
     from toolchain.scoring.registry import criterion_params
 
     s, p = ctx.recipe.scoring, ctx.recipe.pruning
+    if p.fork >= len(heads_per_layer):
+        raise RecipeError(f"field 'pruning.fork': {p.fork} leaves no layer to the members; this model has "
+                          f"{len(heads_per_layer)} layers (fork at most {len(heads_per_layer) - 1}).")
     wanted = criterion_params(criterion)
     out: dict[str, Any] = {}
     if "alpha" in wanted:
@@ -154,10 +157,12 @@ def criterion_params_for(ctx: Context, criterion: str, heads_per_layer: list[int
         out["objective"] = s.objective
     if "task_weight" in wanted and s.task_weight:  # at 0 the criterion's own default (AUROC alone)
         out["task_weight"] = s.task_weight
-    if "n_heads" in wanted:
-        layers, heads = len(heads_per_layer), max(heads_per_layer)
+    if "n_heads" in wanted:  # per searched layer: a fork's trunk is kept whole and not searched
+        layers, heads = len(heads_per_layer) - p.fork, max(heads_per_layer)
         kept = p.budget if p.budget is not None else round((1 - float(p.ratio or 0)) * layers * heads)
-        out["n_heads"] = max(p.min_heads_per_layer, round(kept / layers))
+        out["n_heads"] = max(p.min_heads_per_layer, round(kept / max(layers, 1)))
+    if "fork" in wanted and p.fork:
+        out["fork"] = p.fork
     return out
 
 
@@ -280,6 +285,10 @@ class VariantContext(Context):
     """A compare variant's context: its own prune/fuse/evaluate stages, the parent's load/fine-tune/ensemble."""
 
     LINKED = ("load", "finetune", "ensemble")
+
+    def publishes(self, name: str) -> bool:
+        """Only the linked stages and :data:`VARIANT_STAGES` (the score stage is the parent's business)."""
+        return name in self.LINKED or name in VARIANT_STAGES
 
     def __init__(self, parent: Context, recipe: Any) -> None:
         super().__init__(recipe=recipe, console=parent.console, force=parent.force, progress=parent.progress)

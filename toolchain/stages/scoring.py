@@ -45,11 +45,6 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
     p = r.pruning
     _model, adapter, tok = load_stage_model(ctx, ctx.stage_dir("finetune") / "model")
     hpl = adapter.heads_per_layer()
-    if p.fork >= len(hpl):
-        from toolchain.errors import RecipeError
-
-        raise RecipeError(f"field 'pruning.fork': {p.fork} leaves no layer to the members; this model has "
-                          f"{len(hpl)} layers (fork at most {len(hpl) - 1}).")
     crit = r.scoring.criterion
     rule = p.keep_rule()
     extra: dict[str, Any] = {}
