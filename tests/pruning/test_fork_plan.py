@@ -40,3 +40,14 @@ def test_members_keep_the_trunk_whole(strategy):
                            ratio=0.5, fork=1, seed=0)
     for mb in members:
         assert bool(mb.keep[0].all()) and int(mb.keep[1].sum()) == 2
+
+
+def test_circuit_members_search_after_the_fork_only():
+    from toolchain.models.tiny import TINY_MODELS
+
+    tiny = TINY_MODELS["bert"]()
+    members = make_members(tiny.adapter, tiny.labelled_batches(sizes=(4, 4, 3)), m=2, criterion="circuit",
+                           strategy="circuit-samples", ratio=0.5, n_heads=2, fork=1, seed=0)
+    for mb in members:
+        assert bool(mb.keep[0].all()) and int(mb.keep[1].sum()) == 2
+        assert mb.scores.params["fork"] == 1 and all(l >= 1 for l, _ in mb.scores.extras["circuit"])

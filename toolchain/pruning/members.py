@@ -348,6 +348,10 @@ def make_members(
             raise ValueError(
                 "strategy='seeds' sets each member's criterion seed; do not pass seed= in params"
             )
+    if fork and strategy != "mixed-criteria" and "fork" in accepted_params(criterion):
+        params = {**params, "fork": fork}  # a search that steps through the layers (circuit) skips the trunk
+    elif fork and strategy == "mixed-criteria":
+        mixed = {c: {**kw, "fork": fork} if "fork" in accepted_params(c) else kw for c, kw in mixed.items()}
     core = 0 if core is None else check_int("core", core, lo=0)
     temp = 1.0 if temperature is None else _check_temperature(temperature)
     data = as_calibration(calib, allow_empty=strategy in _ALL_DATA)

@@ -54,6 +54,7 @@ def prune_stage(ctx: Context, work: Path) -> dict[str, Any]:
                  "criterion_params": {c: criterion_params_for(ctx, c, hpl) for c in dict.fromkeys(p.criteria or [])}}
     else:
         extra = {"criterion": crit, **criterion_params_for(ctx, crit, hpl)}
+        extra.pop("fork", None)  # make_members passes pruning.fork to the criterion that reads it
         if p.strategy == "seeds":
             extra.pop("seed", None)
         if p.strategy == "partition":
