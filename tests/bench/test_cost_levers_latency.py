@@ -7,31 +7,21 @@ each row of ``rows.py`` gets the fork, heads and MLP neurons its overrides say.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script(relpath: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / relpath)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def latency():
-    return _script("benchmarks/cost_levers/latency.py", "cost_levers_latency")
+    return load_script("benchmarks/cost_levers/latency.py", "cost_levers_latency")
 
 
 @pytest.fixture(scope="module")
 def rows():
-    return _script("benchmarks/cost_levers/rows.py", "cost_levers_rows").ROWS
+    return load_script("benchmarks/cost_levers/rows.py", "cost_levers_rows").ROWS
 
 
 def test_measure_tiny_hydra_with_fork_and_slices(latency, tmp_path):

@@ -5,23 +5,20 @@ is a stub shaped as its docstring says."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from bench_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def cl_run():
-    spec = importlib.util.spec_from_file_location("cost_levers_run", ROOT / "benchmarks/cost_levers/run.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/cost_levers/run.py", "cost_levers_run")
 
 
 def _gain(g):

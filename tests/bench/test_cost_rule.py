@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from bench_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def rule():
-    spec = importlib.util.spec_from_file_location("cost_levers_rule", ROOT / "benchmarks/cost_levers/rule.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/cost_levers/rule.py", "cost_levers_rule")
 
 
 BASE = {"single": {"accuracy": 0.80, "nll": 0.60, "auroc_msp": 0.70},

@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-RULE = Path(__file__).resolve().parents[2] / "benchmarks" / "diversity" / "rule.py"
+from bench_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def rule():
-    spec = importlib.util.spec_from_file_location("diversity_rule", RULE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/diversity/rule.py", "diversity_rule")
 
 
 SINGLE = {"accuracy": 0.740, "nll": 0.600, "auroc_msp": 0.720}
@@ -84,10 +77,8 @@ def test_bad_inputs_name_what_is_missing(rule):
         rule.select({"x": {"accuracy": 0.7, "nll": 0.6}}, {"single": SINGLE})
 
 
-def test_budget_candidates_are_the_two_other_budgets():
-    spec = importlib.util.spec_from_file_location("diversity_run", RULE.with_name("run.py"))
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+def test_budget_candidates_are_the_two_other_budgets(diversity_run):
+    run = diversity_run
     name = "partition-core0-recovery-prune{}".format
     assert sorted(run.budget_strategies(0.5)) == [name(25), name(75)]
     assert sorted(run.budget_strategies(0.25)) == [name(50), name(75)]
