@@ -356,11 +356,8 @@ def _layer_spec(views: list[LayerView], heads: list[int], idx: int, widths: list
         for name, get in facts.items():
             if get(lv) != values[name]:
                 raise ValueError(f"member {m} layer {idx} has {name}={get(lv)!r}; member 0 has {values[name]!r}")
-    if widths is None:
-        full = {lv.fc1.out_features for lv in views}
-        if len(full) != 1:
-            raise ValueError(f"layer {idx}: the members' MLP widths differ ({sorted(full)}); fuse them as slices")
-        return LayerSpec(heads=tuple(heads), intermediate_size=full.pop(), **values)
+    if widths is None:  # fuse: one source layer; fuse_members: equal widths (unequal ones come as slices)
+        return LayerSpec(heads=tuple(heads), intermediate_size=ref.fc1.out_features, **values)
     source = source_width if source_width is not None else ref.fc1.out_features
     return LayerSpec(heads=tuple(heads), intermediate_size=max(widths), neurons=tuple(widths),
                      source_intermediate=max(source, max(widths)), **values)

@@ -159,14 +159,14 @@ def _cached_members(path: Path) -> list[SimpleNamespace] | None:
 def _member_neurons(ctx: Context, adapter: ModelAdapter, tok: Any) -> list[list[list[int]]]:
     """``[M][L]`` MLP neurons each member keeps: Taylor importance on the calibration data, split by share and core."""
     from toolchain.pruning.neurons import split_neurons
+    from toolchain.scoring.calibration import subset
     from toolchain.scoring.neurons import neuron_scores
 
     p = ctx.recipe.pruning
-    calib = []  # the calibration rows with labels: OOD rows (label -1) have no loss to take a gradient of
-    for batch, labels in calibration(ctx, tok):
-        rows = labels >= 0
-        if bool(rows.any()):
-            calib.append(({k: v[rows] for k, v in batch.items()}, labels[rows]))
+    calib = calibration(ctx, tok)
+    labels = torch.cat([lab for _, lab in calib])
+    # the rows with labels: OOD rows (label -1) have no loss to take a gradient of
+    calib = subset(calib, torch.nonzero(labels >= 0).flatten().numpy())
     scores = neuron_scores(adapter, calib, layers=range(p.fork, adapter.num_layers))
     neurons = split_neurons(scores, p.members, p.mlp_share, core=p.mlp_core, fork=p.fork)
     widths = [len(layer) for layer in neurons[0]]
