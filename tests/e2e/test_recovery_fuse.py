@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_recipes import TINY_VIT_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # real data (Fashion-MNIST) through the CLI
@@ -17,12 +18,7 @@ RECIPE = """\
 name: tiny-recovery
 seed: 0
 artifacts_dir: {art}
-model:
-  family: vit
-  from_config: {{image_size: 28, patch_size: 7, num_channels: 1, hidden_size: 32, num_hidden_layers: 2,
-                num_attention_heads: 4, intermediate_size: 64}}
-  image_size: 28
-  num_channels: 1
+""" + TINY_VIT_MODEL + """\
 data:
   id: fashion-mnist
   ood: null
