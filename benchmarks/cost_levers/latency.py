@@ -19,7 +19,7 @@ rows ``mlp: average``; grouped LayerNorm, grouped-Conv lowering (the recipe's). 
 engines go to ``.cache/latency`` (git-ignored).
 
     python benchmarks/cost_levers/latency.py                       # every row, ~12 min on 2 cores
-    python benchmarks/cost_levers/latency.py --rows default,fork-3 --rounds 1:10,8:4   # quick look
+    python benchmarks/cost_levers/latency.py --rows averaged,fork-3 --rounds 1:10,8:4   # quick look
 """
 
 from __future__ import annotations
@@ -332,7 +332,7 @@ def row_structure(overrides: Mapping[str, Any], *, members: int = MEMBERS, layer
                   width: int = 1536) -> dict[str, Any]:
     """A row's structure-only levers: ``fork``, ``mlp``, ``keep_masks [M, L, H]``, ``neurons [M][L]`` (or None).
 
-    Defaults are the default recipe's (``pruning.ratio`` 0.5, no fork, ``fusion.mlp`` average). Heads per
+    Defaults: ``pruning.ratio`` 0.5 (the recipe's), no fork, ``fusion.mlp`` average unless sliced. Heads per
     member in a forked layer: ``heads - floor(ratio * heads)`` (the plan's rounding), member ``m`` the window
     starting at ``m * k`` (mod ``heads``); neurons: ``max(1, round(share * width))`` (``split_neurons``'s
     count), the first ``round(core * width)`` shared, the rest a window starting at ``core + m * (n - core)``,

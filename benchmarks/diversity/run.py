@@ -118,6 +118,10 @@ LEVERS: dict[str, dict] = {
 STRATEGIES.update(LEVERS)
 for _over in STRATEGIES.values():
     _over.setdefault("fusion", dict(FUSION))
+    # the member strategies as measured: every member runs the whole MLP, no fork (the cost levers of issue 45,
+    # which the default recipe now sets, are benchmarks/cost_levers' rows; at these values the keys are unchanged)
+    for _field, _value in (("fork", 0), ("mlp_share", None), ("mlp_core", 0.0)):
+        _over.setdefault("pruning", {}).setdefault(_field, _value)
 
 #: rows a recipe's run leaves out (``--only NAME`` still runs one): the text recipe's strategies that the selection
 #: benchmark of commit c51cd0f measured 7-11 points of validation accuracy below its floor (0.7425) and that no lever

@@ -110,7 +110,7 @@ def test_build_row_fuses_the_levers(latency, rows):
     from toolchain.models.tiny import tiny_bert
 
     tiny = tiny_bert(layers=6, heads=4)
-    for name in ("default", "fork3-mlp-0.33", "fork2-mlp-0.5-core-0.1", "prune75"):
+    for name in ("averaged", "fork3-mlp-0.33", "fork2-mlp-0.5-core-0.1", "prune75"):
         overrides = rows[name]
         s = latency.row_structure(overrides, layers=6, heads=4, width=64)
         cfg = latency.build_row(tiny.adapter, overrides).config

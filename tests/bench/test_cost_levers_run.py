@@ -46,11 +46,11 @@ def _result(cl_run, rows):
 
 
 def test_the_cheapest_row_clearing_both_baselines_is_selected_and_written(cl_run, tmp_path):
-    rows = {"default": _row(2.47, 0.81, 0.45, 0.85), "mlp-0.33": _row(1.18, 0.80, 0.48, 0.82),
+    rows = {"averaged": _row(2.47, 0.81, 0.45, 0.85), "mlp-0.33": _row(1.18, 0.80, 0.48, 0.82),
             "fork-4": _row(1.49, 0.80, 0.49, 0.81), "prune67-mlp-0.33": _row(1.00, 0.78, 0.55, 0.75)}
     result = _result(cl_run, rows)
     assert result["verdict"]["selected"] == "mlp-0.33"
-    assert result["verdict"]["eligible"] == ["mlp-0.33", "fork-4", "default"]
+    assert result["verdict"]["eligible"] == ["mlp-0.33", "fork-4", "averaged"]
     md = cl_run.write(result, tmp_path)
     for name in ("results.md", "results.json", "frontier.png"):
         assert (tmp_path / name).stat().st_size > 0, name
@@ -65,7 +65,7 @@ def test_the_cheapest_row_clearing_both_baselines_is_selected_and_written(cl_run
     names = [ln.split(" | ")[0].removeprefix("| ") for ln in table[1:]]
     # baselines first, then the rows cheapest first
     assert names[0].startswith("single model") and names[1].startswith("deep ensemble")
-    assert [n.split(" ")[0] for n in names[2:]] == ["prune67-mlp-0.33", "mlp-0.33", "fork-4", "default"]
+    assert [n.split(" ")[0] for n in names[2:]] == ["prune67-mlp-0.33", "mlp-0.33", "fork-4", "averaged"]
     selected = next(ln for ln in table if ln.startswith("| mlp-0.33"))
     assert "**(selected)**" in selected and "| 1.18 |" in selected and "+0.0200" in selected
     cheap = next(ln for ln in table if ln.startswith("| prune67-mlp-0.33"))
@@ -75,12 +75,12 @@ def test_the_cheapest_row_clearing_both_baselines_is_selected_and_written(cl_run
 
 def test_when_nothing_clears_the_verdict_names_what_binds(cl_run, tmp_path):
     rows = {"mlp-0.33": _row(1.18, 0.79, 0.48, 0.82), "fork-4": _row(1.49, 0.80, 0.52, 0.81),
-            "default": _row(2.47, 0.81, 0.49, 0.79)}
+            "averaged": _row(2.47, 0.81, 0.49, 0.79)}
     result = _result(cl_run, rows)
     assert result["verdict"]["selected"] is None
     md = cl_run.write(result, tmp_path)
     assert "Selected: **none (deploy the single model)**" in md
-    assert "accuracy: mlp-0.33; nll: fork-4; auroc_msp: default" in md
+    assert "accuracy: mlp-0.33; nll: fork-4; auroc_msp: averaged" in md
     assert "mlp-0.33 (1.18x): accuracy (-0.0050)" in md
 
 
@@ -148,18 +148,38 @@ def test_every_row_is_a_valid_variant_of_the_recipe_and_its_quick_profile(cl_run
         recipe = load_recipe(ROOT / "recipes" / "minilm-tweets.yaml", profile=profile)
         for name, over in rows.items():
             variant = recipe.variant(CompareEntry(name=name, **over))
-            assert variant.pruning.fork == over.get("pruning", {}).get("fork", 0), name
-            assert (variant.fusion.mlp == "grouped") == ("mlp_share" in over.get("pruning", {})) or name == "default"
+            assert variant.pruning.fork == over["pruning"]["fork"], name
+            assert variant.pruning.mlp_share == over["pruning"]["mlp_share"], name  # whatever the recipe's own is
+            assert (variant.fusion.mlp == "grouped") == (over["pruning"]["mlp_share"] is not None), name
 
 
 def test_an_unknown_row_is_refused_before_any_stage_runs(cl_run, tmp_path, capsys):
-    code = cl_run.main(["--only", "default,nope", "--artifacts", str(tmp_path / "a"), "--out", str(tmp_path / "o")])
+    code = cl_run.main(["--only", "averaged,nope", "--artifacts", str(tmp_path / "a"), "--out", str(tmp_path / "o")])
     assert code == 2
     assert "nope" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "o").exists()
 
 
 def test_the_command_line_is_written_as_typed(cl_run):
-    args = cl_run.parse_args(["--profile", "quick", "--only", "default,fork-2", "--no-latency"])
-    assert cl_run.args_text(args) == ("python benchmarks/cost_levers/run.py --profile quick --only default,fork-2 "
+    args = cl_run.parse_args(["--profile", "quick", "--only", "averaged,fork-2", "--no-latency"])
+    assert cl_run.args_text(args) == ("python benchmarks/cost_levers/run.py --profile quick --only averaged,fork-2 "
                                       "--no-latency")
+
+
+def test_the_default_recipe_is_the_row_the_committed_selection_picked(cl_run):
+    """Issue 45: the default recipe follows the cost rule's pick (``results.json``'s verdict): its prune, fuse
+    and evaluate stages have the selected row's cache keys, so it *is* that row, not a look-alike."""
+    from toolchain.pipeline import Context
+    from toolchain.recipe import CompareEntry, load_recipe
+    from toolchain.stages import VARIANT_STAGES, VariantContext
+
+    result = json.loads((ROOT / "benchmarks" / "cost_levers" / "results.json").read_text())
+    selected = result["verdict"]["selected"]
+    assert selected in cl_run.sibling("rows").ROWS and result["profile"] is None
+    recipe = load_recipe(ROOT / "recipes" / "minilm-tweets.yaml")
+    ctx = Context(recipe=recipe)
+    row = VariantContext(ctx, recipe.variant(CompareEntry(name=selected, **cl_run.sibling("rows").ROWS[selected])))
+    assert {st: row.key(st) for st in VARIANT_STAGES} == {st: ctx.key(st) for st in VARIANT_STAGES}, selected
+    for other in ("averaged", "fork3-mlp-0.33"):  # and no other row is
+        alt = VariantContext(ctx, recipe.variant(CompareEntry(name=other, **cl_run.sibling("rows").ROWS[other])))
+        assert alt.key("prune") != ctx.key("prune"), other

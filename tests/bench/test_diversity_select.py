@@ -44,20 +44,28 @@ def test_the_rows_a_recipe_leaves_out_are_strategies_far_below_the_floor(diversi
         assert not set(skipped) & set(diversity_run.LEVERS), recipe
 
 
-@pytest.mark.parametrize(("recipe_file", "results"), [
-    ("minilm-tweets.yaml", "benchmarks/diversity/results.json"),
-    ("vit-fashion-mnist.yaml", "benchmarks/diversity/vit/results.json"),
+@pytest.mark.parametrize(("recipe_file", "results", "cost"), [
+    ("minilm-tweets.yaml", "benchmarks/diversity/results.json", "benchmarks/cost_levers/results.json"),
+    ("vit-fashion-mnist.yaml", "benchmarks/diversity/vit/results.json", None),
 ])
-def test_the_recipe_builds_the_strategy_its_benchmark_selected(diversity_run, recipe_file, results):
-    """The committed results name the selected strategy; the recipe's Hydra must be exactly it."""
+def test_the_recipe_builds_the_strategy_its_benchmark_selected(diversity_run, recipe_file, results, cost):
+    """The committed results name the selected strategy; the recipe's Hydra must be exactly it, with the cost
+    levers the cost benchmark then selected on top (``benchmarks/cost_levers``: the MLP slices, the fork)."""
     import json
 
-    from toolchain.recipe import CompareEntry, load_recipe
+    from bench_scripts import load_script
+
+    from toolchain.recipe import CompareEntry, _deep_merge, load_recipe
 
     selected = json.loads((ROOT / results).read_text())["selected"]
     recipe = load_recipe(ROOT / "recipes" / recipe_file)
     every = diversity_run.candidates(None)  # all three budget rows: a budget row may have won
-    variant = recipe.variant(CompareEntry(name=selected, **every[selected]))
+    overrides = every[selected]
+    if cost:
+        row = json.loads((ROOT / cost).read_text())["verdict"]["selected"]
+        levers = load_script("benchmarks/cost_levers/rows.py", "cost_levers_rows").ROWS[row]
+        overrides = _deep_merge(overrides, levers)
+    variant = recipe.variant(CompareEntry(name=selected, **overrides))
     for section in ("model", "data", "finetune", "scoring", "pruning", "fusion"):
         assert variant.digest(section) == recipe.digest(section), (selected, section)
     # a temperature-scaled Hydra is deployed beside temperature-scaled baselines, as the rule compared them

@@ -279,7 +279,7 @@ def test_temperature_scaling_keys_only_the_stages_that_fit_or_run_it():
     hydra.setdefault("fusion", {})["temperature"] = True
     changed = {s for s, k in _keys(hydra).items() if k != default[s]}
     assert changed == {"fuse", "export", "build", "parity", "bench", "evaluate", "compare", "report"}
-    hydra["fusion"] = {"recovery_steps": 10}  # end-to-end recovery of the fused model: the same stages
+    hydra["fusion"] = {**_base()["fusion"], "recovery_steps": 10}  # fused recovery: same stages
     assert {s for s, k in _keys(hydra).items() if k != default[s]} == changed
     baselines = _base()
     baselines.setdefault("baselines", {})["temperature"] = True

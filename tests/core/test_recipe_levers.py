@@ -14,7 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def default() -> dict:
-    return yaml.safe_load((ROOT / "recipes" / "minilm-tweets.yaml").read_text())
+    """The default recipe with the levers left out (it ships one: ``pruning.mlp_share``, ``fusion.mlp: grouped``)."""
+    data = yaml.safe_load((ROOT / "recipes" / "minilm-tweets.yaml").read_text())
+    for field in ("fork", "mlp_share", "mlp_core"):
+        data["pruning"].pop(field, None)
+    data["fusion"]["mlp"] = "average"
+    return data
 
 
 def test_the_levers_at_their_defaults_keep_every_section_digest():
