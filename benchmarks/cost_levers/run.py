@@ -13,7 +13,7 @@ NLL, ECE, far-OOD AUROC with MSP and MI, the ensemble gain over the mean member)
 before the run, written into the header) selects the cheapest row that clears both baselines.
 
     python benchmarks/cost_levers/run.py                                   # every row (about 1.5 h on 2 cores)
-    python benchmarks/cost_levers/run.py --only default,mlp-0.33 --no-latency
+    python benchmarks/cost_levers/run.py --only averaged,mlp-0.33 --no-latency
     python benchmarks/cost_levers/run.py --profile quick --artifacts /tmp/a --out /tmp/o   # smoke run
 
 Writes ``results.md``, ``results.json`` and ``frontier.png`` (FLOPs ratio against far-OOD AUROC and NLL)
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         entry = CompareEntry(name=name, **ROWS[name])
         sub = VariantContext(ctx, recipe.variant(entry))
         if all(sub.key(st) == ctx.key(st) for st in VARIANT_STAGES):
-            # the recipe's own Hydra (``default``): read its stages where they are (no copy into the variant folder)
+            # the recipe's own Hydra (today the selected row, mlp-0.33): read its stages where they are, no copy
             sub, reused = ctx, {st: "the recipe's own" for st in VARIANT_STAGES}
         else:
             reused = diversity.reuse_stages(ctx, sub, console)

@@ -118,10 +118,15 @@ LEVERS: dict[str, dict] = {
 STRATEGIES.update(LEVERS)
 for _over in STRATEGIES.values():
     _over.setdefault("fusion", dict(FUSION))
-    # the member strategies as measured: every member runs the whole MLP, no fork (the cost levers of issue 45,
-    # which the default recipe now sets, are benchmarks/cost_levers' rows; at these values the keys are unchanged)
-    for _field, _value in (("fork", 0), ("mlp_share", None), ("mlp_core", 0.0)):
-        _over.setdefault("pruning", {}).setdefault(_field, _value)
+
+#: the member strategies as measured: every member runs the whole MLP, no fork (the cost levers of issue 45, which
+#: the default recipe now sets, are benchmarks/cost_levers' rows); at these values every stage key is unchanged
+UNSLICED = {"fork": 0, "mlp_share": None, "mlp_core": 0.0}
+
+
+def _unsliced(over: dict) -> dict:
+    """``over`` with :data:`UNSLICED` in its pruning section (a row that sets a lever keeps its own)."""
+    return {**over, "pruning": {**UNSLICED, **over.get("pruning", {})}}
 
 #: rows a recipe's run leaves out (``--only NAME`` still runs one): the text recipe's strategies that the selection
 #: benchmark of commit c51cd0f measured 7-11 points of validation accuracy below its floor (0.7425) and that no lever
@@ -143,7 +148,7 @@ def budget_strategies(own_ratio: float | None) -> dict[str, dict]:
 
 def candidates(own_ratio: float | None) -> dict[str, dict]:
     """Every selectable strategy: :data:`STRATEGIES` and the budget rows (all three when ``own_ratio`` is None)."""
-    return {**STRATEGIES, **budget_strategies(own_ratio)}
+    return {name: _unsliced(over) for name, over in {**STRATEGIES, **budget_strategies(own_ratio)}.items()}
 
 
 #: shown beside the strategies but not selectable (none at present)
@@ -419,7 +424,10 @@ def main(argv: list[str] | None = None) -> int:
         from toolchain.report import bench_latency
 
         lat, label = bench_latency(read_json(bench), fuse.get("lowering", "conv"))
-        latency_note = ("Latency of the default recipe's graphs (bench stage, " + label + "): "
+        latency_note = ("Latency of the recipe's own graphs (bench stage, " + label + "; its Hydra: "
+                        + (f"MLP share {recipe.pruning.mlp_share}, fork {recipe.pruning.fork}"
+                           if recipe.pruning.mlp_share or recipe.pruning.fork else "these rows' averaged MLP")
+                        + "): "
                         + ", ".join(f"{k} {v:.2f} ms" for k, v in lat.items())
                         + ". The fused size differs by head budget (prune25/75 rows) and by the zero-head padding "
                         "of layers where members keep unequal counts (weights MB column).")

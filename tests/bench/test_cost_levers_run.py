@@ -149,8 +149,18 @@ def test_every_row_is_a_valid_variant_of_the_recipe_and_its_quick_profile(cl_run
         for name, over in rows.items():
             variant = recipe.variant(CompareEntry(name=name, **over))
             assert variant.pruning.fork == over["pruning"]["fork"], name
+            assert variant.pruning.mlp_core == over["pruning"]["mlp_core"], name
+            assert variant.pruning.ratio == over["pruning"].get("ratio", recipe.pruning.ratio), name
             assert variant.pruning.mlp_share == over["pruning"]["mlp_share"], name  # whatever the recipe's own is
             assert (variant.fusion.mlp == "grouped") == (over["pruning"]["mlp_share"] is not None), name
+    # and as the recipe's own compare entries, where the recipe-level checks (slices need the grouped MLP) run
+    import yaml
+
+    from toolchain.recipe import parse_recipe
+
+    data = yaml.safe_load((ROOT / "recipes" / "minilm-tweets.yaml").read_text())
+    data["compare"] = [{"name": name, **over} for name, over in rows.items()]
+    assert [e.name for e in parse_recipe(data, "minilm-tweets.yaml").compare] == list(rows)
 
 
 def test_an_unknown_row_is_refused_before_any_stage_runs(cl_run, tmp_path, capsys):
@@ -180,6 +190,10 @@ def test_the_default_recipe_is_the_row_the_committed_selection_picked(cl_run):
     ctx = Context(recipe=recipe)
     row = VariantContext(ctx, recipe.variant(CompareEntry(name=selected, **cl_run.sibling("rows").ROWS[selected])))
     assert {st: row.key(st) for st in VARIANT_STAGES} == {st: ctx.key(st) for st in VARIANT_STAGES}, selected
-    for other in ("averaged", "fork3-mlp-0.33"):  # and no other row is
-        alt = VariantContext(ctx, recipe.variant(CompareEntry(name=other, **cl_run.sibling("rows").ROWS[other])))
-        assert alt.key("prune") != ctx.key("prune"), other
+    # the committed validation numbers are this recipe's: the row's recorded keys are today's
+    assert result["rows"][selected]["keys"] == {st: ctx.key(st) for st in VARIANT_STAGES}
+    rows = cl_run.sibling("rows").ROWS
+    for other in rows:  # and no other row is the recipe
+        if other != selected:
+            alt = VariantContext(ctx, recipe.variant(CompareEntry(name=other, **rows[other])))
+            assert {st: alt.key(st) for st in VARIANT_STAGES} != {st: ctx.key(st) for st in VARIANT_STAGES}, other

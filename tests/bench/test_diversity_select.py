@@ -16,7 +16,7 @@ def test_every_strategy_spells_out_its_scoring_and_recovery(diversity_run):
     from toolchain.recipe import CompareEntry, load_recipe
 
     recipe = load_recipe(ROOT / "recipes" / "minilm-tweets.yaml")
-    every = diversity_run.candidates(recipe.pruning.ratio)
+    every = diversity_run.candidates(None)  # the budget rows at every ratio too
     for name, over in every.items():
         assert "criterion" in over["scoring"], name
         steps = over["pruning"]["recovery"]["steps"]
@@ -35,6 +35,8 @@ def test_every_strategy_spells_out_its_scoring_and_recovery(diversity_run):
         assert variant.fusion.recovery_steps == (300 if "-fused300" in name else 0), name
         assert variant.fusion.temperature == name.endswith("-ts"), name
         assert variant.fusion.mlp == ("grouped" if "-mlp-grouped" in name else "average"), name
+        # nor the recipe's cost levers (the default recipe's MLP slices would not even fuse with an averaged MLP)
+        assert (variant.pruning.mlp_share, variant.pruning.mlp_core, variant.pruning.fork) == (None, 0.0, 0), name
 
 
 def test_the_rows_a_recipe_leaves_out_are_strategies_far_below_the_floor(diversity_run):
