@@ -57,17 +57,16 @@ def test_the_recipe_builds_the_strategy_its_benchmark_selected(diversity_run, re
 
     from bench_scripts import load_script
 
-    from toolchain.recipe import CompareEntry, _deep_merge, load_recipe
+    from toolchain.recipe import CompareEntry, load_recipe
 
     selected = json.loads((ROOT / results).read_text())["selected"]
     recipe = load_recipe(ROOT / "recipes" / recipe_file)
     every = diversity_run.candidates(None)  # all three budget rows: a budget row may have won
-    overrides = every[selected]
-    if cost:
+    variant = recipe.variant(CompareEntry(name=selected, **every[selected]))
+    if cost:  # the cost row's levers merged over the strategy, as a variant merges over a recipe
         row = json.loads((ROOT / cost).read_text())["verdict"]["selected"]
         levers = load_script("benchmarks/cost_levers/rows.py", "cost_levers_rows").ROWS[row]
-        overrides = _deep_merge(overrides, levers)
-    variant = recipe.variant(CompareEntry(name=selected, **overrides))
+        variant = variant.variant(CompareEntry(name=row, **levers))
     for section in ("model", "data", "finetune", "scoring", "pruning", "fusion"):
         assert variant.digest(section) == recipe.digest(section), (selected, section)
     # a temperature-scaled Hydra is deployed beside temperature-scaled baselines, as the rule compared them
