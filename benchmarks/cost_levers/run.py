@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -232,6 +234,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     style = {"single": dict(marker="s", color="black", ms=8), "deep-ensemble": dict(marker="D", color="tab:red", ms=8)}
     for ax, (key, label) in zip(axes, [("auroc_msp", "far-OOD AUROC (MSP), validation"),
                                        ("nll", "NLL, validation (lower is better)")], strict=True):
+        points = []
         for name, r in rows.items():
             x, y = r.get("flops_ratio"), (r.get("validation") or {}).get(key)
             if x is None or y is None:
@@ -239,7 +242,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ok = name in verdict["eligible"]
             ax.plot([x], [y], marker="*" if name == verdict["selected"] else "o", ms=11 if ok else 6,
                     color="tab:green" if ok else "tab:blue", ls="none")
-            ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            points.append((name, x, y))
+        _label(ax, points)
         for b, st in style.items():
             r = baselines.get(b) or {}
             x, y = r.get("flops_ratio"), (r.get("validation") or {}).get(key)
@@ -258,6 +262,24 @@ def plot(result: dict[str, Any], path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=110)
     tmp.replace(path)
+
+
+def _label(ax: Any, points: list[tuple[str, float, float]]) -> None:
+    """Name every point, moving a label down a line at a time while it would cover one already placed
+    (rows of equal cost and close metrics otherwise print on top of each other)."""
+    ax.autoscale_view()
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    width, height = ax.figure.get_size_inches() * ax.figure.dpi * np.array(ax.get_position().size)
+    placed: list[tuple[float, float, float, float]] = []  # label boxes in pixels
+    for name, x, y in sorted(points, key=lambda p: (-p[2], p[1])):
+        px, py = (x - x0) / (x1 - x0) * width + 4, (y - y0) / (y1 - y0) * height + 4
+        w, h, dy = 4.6 * len(name), 9.0, 0.0
+        while any(px < bx + bw and bx < px + w and py + dy < by + bh and by < py + dy + h
+                  for bx, by, bw, bh in placed):
+            dy -= 10.0
+        placed.append((px, py + dy, w, h))
+        ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3 + dy * 72 / ax.figure.dpi), textcoords="offset points",
+                    arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "grey"} if dy else None)
 
 
 def write(result: dict[str, Any], out: Path) -> str:
