@@ -277,10 +277,10 @@ def recipe_files_block(root: Path = ROOT) -> str:
 
 def tolerances_block() -> str:
     """The ``parity-tolerances`` block: the default numeric tolerances per precision and output, and the UQ ones."""
-    from toolchain.parity.tolerances import DEFAULT_UQ_TOLERANCES, default_tolerances
+    from toolchain.parity.tolerances import DEFAULT_UQ_TOLERANCES, INT8_UQ_TOLERANCES, PRECISIONS, default_tolerances
 
     rows = ["| precision | output | atol | rtol | rule |", "|---|---|---:|---:|---|"]
-    for precision in ("fp32", "fp16", "bf16"):
+    for precision in PRECISIONS:
         for output, tol in default_tolerances(precision).items():
             if tol.stat == "max":
                 rule = "every element"
@@ -290,8 +290,9 @@ def tolerances_block() -> str:
             rows.append(f"| {precision} | {output or '(any other)'} | {tol.atol:g} | {tol.rtol:g} | {rule} |")
     rows += ["", "UQ metrics, by family (`auroc` covers `auroc_msp`, `auroc_mi` ...): "
              "`|candidate - reference| <= atol + rtol |reference|`.", "",
-             "| metric family | atol | rtol |", "|---|---:|---:|"]
-    rows += [f"| {k or '(any other)'} | {t.atol:g} | {t.rtol:g} |" for k, t in DEFAULT_UQ_TOLERANCES.items()]
+             "| metric family | atol | rtol | INT8 atol | INT8 rtol |", "|---|---:|---:|---:|---:|"]
+    rows += [f"| {k or '(any other)'} | {t.atol:g} | {t.rtol:g} | {INT8_UQ_TOLERANCES[k].atol:g} | "
+             f"{INT8_UQ_TOLERANCES[k].rtol:g} |" for k, t in DEFAULT_UQ_TOLERANCES.items()]
     return "\n".join(rows)
 
 

@@ -154,7 +154,7 @@ def export_command(
     lowering: Annotated[str, typer.Option("--lowering", metavar="LIST",
                                           help="Hydra GFC lowerings, comma-separated: conv, matmul")] = "conv,matmul",
     precision: Annotated[str, typer.Option("--precision", metavar="LIST",
-                                           help="precisions, comma-separated: fp32, fp16, bf16")] = "fp32,fp16",
+                                           help="precisions: fp32, fp16, bf16, int8 (needs --data)")] = "fp32,fp16",
     batch: Annotated[str, typer.Option("--batch", metavar="MIN:OPT:MAX", help="batch sizes of the TensorRT "
                                        "profile and the checks")] = "1:8:32",
     seq: Annotated[str, typer.Option("--seq", metavar="MIN:OPT:MAX",
@@ -165,6 +165,10 @@ def export_command(
     engine: Annotated[str | None, typer.Option("--engine", metavar="LIST", help="also build engine files of these "
                                                "kinds (openvino-cpu: each FP32 graph at each --precision; tensorrt), "
                                                "engines.json", show_default=False)] = None,
+    data: Annotated[Path | None, typer.Option("--data", metavar="FILE", show_default=False, help="INT8 calibration "
+                                              "rows: a labelled CSV (text,label) or an .npz of the inputs")] = None,
+    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", metavar="DIR", show_default=False)] = None,
+    calib_rows: Annotated[int, typer.Option("--calib-rows", metavar="N", min=1, help="INT8 calibration rows")] = 256,
     profile: ProfileOpt = None,
     force: ForceOpt = None,
 ) -> None:
@@ -183,9 +187,10 @@ def export_command(
     if out is None:
         raise ToolchainError(f"export {src}: give the output folder with -o/--out.")
     options = ExportOptions(lowerings=_csv_choice(lowering, "--lowering", ("conv", "matmul")),
-                            precisions=_csv_choice(precision, "--precision", ("fp32", "fp16", "bf16")),
+                            precisions=_csv_choice(precision, "--precision", ("fp32", "fp16", "bf16", "int8")),
                             batch=Range.parse(batch, "--batch"), sequence=Range.parse(seq, "--seq"), opset=opset,
-                            trt_version=trt_version, engines=_built_kinds_option(engine))
+                            trt_version=trt_version, engines=_built_kinds_option(engine), data=data,
+                            tokenizer=tokenizer, calibration_rows=calib_rows)
     say = (lambda line: None) if _STATE["quiet"] else (lambda line: console.print(f"  {escape(line)}", highlight=False))
     result = export_graphs(src, out, options, say=say)
     if not result["ok"]:
@@ -314,7 +319,7 @@ def build_command(
     kinds = (_built_kinds_option(engine) if engine is not None else
              [k.name for k in engine_kinds(selectable=True) if k.needs_build and not k.gpu])
     records = build_files(targets, out, engines=kinds,
-                          precisions=_csv_choice(precision, "--precision", ("fp32", "fp16", "bf16")),
+                          precisions=_csv_choice(precision, "--precision", ("fp32", "fp16", "bf16", "int8")),
                           batch=Range.parse(batch, "--batch"), sequence=Range.parse(seq, "--seq"), say=say)
     _say_engines(records, out)
     if not any(r.get("engines") for r in records.values()):
@@ -367,8 +372,8 @@ def parity(
                                                "compiles (openvino-cpu) builds each FP32 graph at each --precision",
                                                show_default=False)] = None,
     precision: Annotated[str | None, typer.Option("--precision", metavar="LIST", help="precisions, comma-separated: "
-                                                  "fp32, fp16, bf16 (default: each graph's own; engine files: their "
-                                                  "sidecar's)", show_default=False)] = None,
+                                                  "fp32, fp16, bf16, int8 (default: each graph's own; engine files: "
+                                                  "their sidecar's)", show_default=False)] = None,
     tokenizer: Annotated[Path | None, typer.Option("--tokenizer", metavar="DIR", help="tokenizer folder for --data "
                                                    "(default: the reference folder)", show_default=False)] = None,
     max_length: Annotated[int, typer.Option("--max-length", metavar="N", help="tokens per text")] = 128,
@@ -381,8 +386,10 @@ def parity(
                                                    show_default=False)] = None,
     junit: Annotated[Path | None, typer.Option("--junit", metavar="FILE", help="write the JUnit XML here",
                                                show_default=False)] = None,
-    rescue: Annotated[bool, typer.Option("--rescue", help="for failing FP16/BF16 graphs, find the smallest set "
-                                         "of nodes to keep in FP32 and write the passing graph")] = False,
+    rescue: Annotated[bool, typer.Option("--rescue", help="for failing FP16/BF16 (INT8: with --calib) graphs, the "
+                                         "fewest nodes to keep in float; writes the passing graph")] = False,
+    calib: Annotated[Path | None, typer.Option("--calib", metavar="FILE", show_default=False, help="with --rescue "
+                                               "of an INT8 graph: its calibration rows (export --data)")] = None,
     localize: Annotated[bool, typer.Option("--localize", help="for failing graphs, name where they first diverge "
                                            "(vs PyTorch; node by node vs --baseline or, FP16/BF16, the FP32 "
                                            "graph)")] = False,
@@ -421,7 +428,9 @@ def parity(
     options = ParityOptions(data=data, ood=ood, inputs=inputs, tokenizer=tokenizer, max_length=max_length,
                             batch_size=batch_size, max_rows=max_rows, tolerances=tolerances,
                             uq_tolerances=uq_tolerances, engine=engine, precision=precision, save_inputs=save_inputs,
-                            localize=localize, baseline=baseline)
+                            localize=localize, baseline=baseline, calibration=calib)
+    if calib is not None and not rescue:
+        raise ToolchainError("--calib FILE is the calibration of --rescue for INT8 graphs: add --rescue.")
     say = (lambda line: None) if _STATE["quiet"] else (lambda line: console.print(f"  {escape(line)}", highlight=False))
     verdict = check_parity(graphs, reference, options, out=out, say=say)
     _write_reports(verdict, json_file, junit)

@@ -56,6 +56,9 @@ class TestReadBack:
         assert ran_precision({"FullyConnected": {"fp32": 4}}, "bf16") == ("fp32", 4)  # the hint was ignored
         assert ran_precision({"FullyConnected": {"bf16": 4}}, "fp16") == ("bf16", 0)  # FP16 asked, BF16 ran
         assert ran_precision({"Eltwise": {"fp32": 3}, "Const": {"i32": 1}}, "fp32") == ("fp32", 0)  # no matrix layer
+        # an INT8 (Q/DQ) graph: INT8 when its matrix layers ran i8/u8, the float ones counted; all float: fell back
+        assert ran_precision({"FullyConnected": {"int8": 6, "fp32": 1}, "MatMul": {"fp32": 2}}, "int8") == ("int8", 3)
+        assert ran_precision({"FullyConnected": {"fp32": 7}}, "int8") == ("fp32", 7)
         assert ran_precision({"Input": {"i64": 1}}, "bf16") == ("bf16", 0)  # nothing floating: as asked
 
     def test_the_sidecar_records_what_each_layer_ran_in(self, blobs, scorer_onnx):
@@ -171,7 +174,9 @@ class TestUnavailable:
         assert unavailable_reason("fp32", NO_LOW) is None
         assert "no FP16 support" in unavailable_reason("fp16", NO_LOW)
         assert "AVX512-BF16 or AMX-BF16" in unavailable_reason("bf16", NO_LOW)
-        assert "not 'int8'" in unavailable_reason("int8", NO_LOW)
+        assert unavailable_reason("int8", NO_LOW) is None  # the plugin reports INT8: Q/DQ graphs compile
+        assert "no INT8 support" in unavailable_reason("int8", CpuIdentity("2099.1.0", "Test CPU", ("FP32",), ()))
+        assert "not 'int4'" in unavailable_reason("int4", NO_LOW)
 
     def test_the_kind_reads_this_cpu(self):
         caps = current_identity().capabilities

@@ -74,7 +74,10 @@ def test_graph_precision(tmp_path, scorer_onnx):
 
 def test_build_engine_validates_arguments_first(tmp_path, scorer_onnx):
     with pytest.raises(EngineError, match="precision"):
-        build_engine(scorer_onnx, tmp_path / "m.engine", precision="int8", profile=PROFILE)  # type: ignore[arg-type]
+        build_engine(scorer_onnx, tmp_path / "m.engine", precision="int4", profile=PROFILE)  # type: ignore[arg-type]
+    # INT8 is explicit quantization only (no INT8 flag in TensorRT 11): an FP32 graph is refused before TensorRT
+    with pytest.raises(EngineError, match="INT8 is explicit quantization only"):
+        build_engine(scorer_onnx, tmp_path / "m.engine", precision="int8", profile=PROFILE)
     with pytest.raises(EngineError, match=r"min <= opt <= max"):
         build_engine(scorer_onnx, tmp_path / "m.engine", profile={"x": ((4, 6), (2, 6), (8, 6))})
 

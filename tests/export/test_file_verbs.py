@@ -94,8 +94,8 @@ def test_a_broken_low_precision_graph_fails_its_pytorch_check(folders, tmp_path)
 def test_bad_export_arguments_exit_2_naming_the_option(folders, tmp_path):
     out = main("export", str(folders["checkpoint"]), "-o", str(tmp_path / "g"), "--batch", "8:1:32")
     assert out.returncode == 2 and "--batch '8:1:32'" in out.stderr
-    out = main("export", str(folders["checkpoint"]), "-o", str(tmp_path / "g"), "--precision", "int8")
-    assert out.returncode == 2 and "--precision 'int8'" in out.stderr
+    out = main("export", str(folders["checkpoint"]), "-o", str(tmp_path / "g"), "--precision", "int4")
+    assert out.returncode == 2 and "--precision 'int4'" in out.stderr
     out = main("export", str(tmp_path), "-o", str(tmp_path / "g"))
     assert out.returncode == 2 and "neither a Hugging Face checkpoint folder" in out.stderr
     out = main("export", str(tmp_path / "missing.yaml"))  # the recipe form: a YAML file

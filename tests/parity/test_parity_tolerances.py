@@ -73,12 +73,12 @@ class TestResolve:
 
     def test_defaults_are_ordered_by_precision(self):
         for out in ("logits", "probs", ""):
-            fp32, fp16, bf16 = (default_tolerances(p)[out] for p in ("fp32", "fp16", "bf16"))
-            assert fp32.atol < fp16.atol < bf16.atol
+            fp32, fp16, bf16, int8 = (default_tolerances(p)[out] for p in ("fp32", "fp16", "bf16", "int8"))
+            assert fp32.atol < fp16.atol < bf16.atol < int8.atol and bf16.rtol < int8.rtol
         assert default_tolerances("fp32")["logits"].atol == 1e-4
         assert default_tolerances("fp32")["probs"].atol == 1e-5
         with pytest.raises(ToleranceError):
-            default_tolerances("int8")
+            default_tolerances("int4")
 
 
 class TestElementwiseRule:

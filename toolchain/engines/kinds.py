@@ -186,7 +186,7 @@ _ONNX = {"suffixes": (".onnx",), "file_label": "ONNX file", "runtime": "ONNX Run
 TORCH = register_kind(EngineKind(
     "torch", _torch, _torch_entry, runtime="PyTorch", default=True, reference=True, thread_scope=_torch_threads))
 ONNXRT_CPU = register_kind(EngineKind(
-    "onnxrt-cpu", _onnxrt_cpu, _onnx_entry(_onnxrt_cpu), **_ONNX, precisions=("fp32", "fp16"),
+    "onnxrt-cpu", _onnxrt_cpu, _onnx_entry(_onnxrt_cpu), **_ONNX, precisions=("fp32", "fp16", "int8"),
     substitutes={"bf16": "onnxrt-cpu-bf16emu"}, default=True, rescuable=True))
 ONNXRT_CPU_BF16EMU = register_kind(EngineKind(  # BF16 graphs on the CPU provider, exact BF16 rounding
     "onnxrt-cpu-bf16emu", _onnxrt_cpu_bf16emu, _onnx_entry(_onnxrt_cpu_bf16emu), **_ONNX, precisions=("bf16",),
@@ -199,10 +199,12 @@ ONNXRT_CUDA = register_kind(EngineKind(
 TENSORRT = register_kind(EngineKind(
     "tensorrt", _tensorrt, _tensorrt_entry, suffixes=(".engine", ".plan", ".trt"), file_label="engine",
     runtime="TensorRT", gpu=True, clock="cuda-event", needs_build=True, builder=_build_tensorrt,
+    precisions=("fp32", "fp16", "bf16", "int8"),
     build_filter=lambda g: g.get("kind") == "hydra" and g.get("lowering") == "conv",  # TensorRT wants grouped Conv
     inspect_file=_inspect_engine, describe=_describe_engine))
 OPENVINO_CPU = register_kind(EngineKind(  # real BF16/FP16 on CPUs that have it; compiles FP32 graphs at a precision
     "openvino-cpu", _openvino_cpu, _openvino_entry, suffixes=(".blob",), file_label="OpenVINO compiled model",
     runtime="OpenVINO", needs_build=True, builder=_build_openvino, precision_from="build",
-    build_filter=lambda g: g.get("precision", "fp32") == "fp32", available=_openvino_unavailable,
+    precisions=("fp32", "fp16", "bf16", "int8"),
+    build_filter=lambda g: g.get("precision", "fp32") in ("fp32", "int8"), available=_openvino_unavailable,
     inspect_file=_inspect_openvino, describe=_describe_openvino))

@@ -269,8 +269,10 @@ def build_plan(kind: str, graphs: Mapping[str, Entry], precisions: Sequence[str]
     picked = [(name, g) for name, g in graphs.items() if spec.build_filter(g)]
     if not spec.compiles:
         return [(name, name, str(g.get("precision", "fp32"))) for name, g in picked]
-    return [(name if p == "fp32" else f"{name}.{p}", name, p)
-            for name, g in picked if g.get("precision", "fp32") == "fp32" for p in precisions]
+    plan = [(name if p == "fp32" else f"{name}.{p}", name, p)
+            for name, g in picked if g.get("precision", "fp32") == "fp32" for p in precisions if p != "int8"]
+    # an INT8 graph is its own precision (its Q/DQ pairs): compiled as it is, never from an FP32 graph
+    return plan + [(name, name, "int8") for name, g in picked if g.get("precision") == "int8" and "int8" in precisions]
 
 
 def read_built(build_dir: Path, kind: str) -> dict[str, dict[str, Any]]:
@@ -320,7 +322,7 @@ def clock_of(kind: str) -> Clock | None:
 
 
 #: mantissa bits per precision: fewer bits is a lower precision (BF16 7 < FP16 10 < FP32 23)
-MANTISSA_BITS = {"fp32": 23, "fp16": 10, "bf16": 7}
+MANTISSA_BITS = {"fp32": 23, "fp16": 10, "bf16": 7, "int8": 0}  # INT8: fixed point, lowest of all
 
 
 def ran_lower(asked: str, ran: str) -> bool:

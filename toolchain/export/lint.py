@@ -20,6 +20,10 @@ major only (``"10"``) makes rules added within that major warnings ("check your 
   parser casts it down to float32);
 * ``profile`` - a dynamic input dim not covered by the optimisation profile, a profile entry for
   an unknown input, a rank mismatch, or a static dim the profile does not pin;
+* ``qdq`` - explicit quantization (an INT8 Q/DQ graph, the only INT8 TensorRT 11 builds, and what
+  TensorRT 10 builds strongly typed without the INT8 flag): a ``QuantizeLinear``/``DequantizeLinear``
+  whose scale is not a build-time constant or whose zero point is not 0 (TensorRT quantizes
+  symmetrically) is an error; an info line counts the pairs;
 * ``restriction`` (info) - a restriction from operators.md this lint cannot check.
 """
 
@@ -64,6 +68,7 @@ _CONST_INPUTS = {
 }
 _CHECKED_RESTRICTIONS = {
     "Conv", "ConvTranspose", "LayerNormalization", "Squeeze", "Unsqueeze", "CumSum", "Constant", "TopK",
+    "QuantizeLinear", "DequantizeLinear",
     *(op for op in trt_ops.SUPPORTED if op.startswith("Reduce")),
 }
 _INT_TYPES = {TensorProto.INT32, TensorProto.INT64}
@@ -323,6 +328,8 @@ def _check_restrictions(node: onnx.NodeProto, g: _Graph, target: Target, out: li
         _check_conv(node, g, out)
     if op == "TopK":
         _check_topk(node, g, target, out)
+    if op in ("QuantizeLinear", "DequantizeLinear"):
+        _check_qdq(node, g, out)
     if op == "LayerNormalization" and any(t and t in g.consumed for t in node.output[1:]):
         out.append(Finding("error", "restriction", node.name, op,
                            "only output Y of LayerNormalization is supported; do not use Mean/InvStdDev."))
@@ -335,6 +342,25 @@ def _check_restrictions(node: onnx.NodeProto, g: _Graph, target: Target, out: li
             out.append(Finding("error", "constant-input", node.name, op,
                                f"`{what}` input '{node.input[index]}' must be a build-time constant (initializer)."))
     _check_forms(node, g, target, out)
+
+
+def _check_qdq(node: onnx.NodeProto, g: _Graph, out: list[Finding]) -> None:
+    """Explicit quantization as TensorRT builds it: a constant scale, a zero point of 0 (symmetric)."""
+    scale = node.input[1] if len(node.input) > 1 else ""
+    if scale not in g.constants:
+        out.append(Finding("error", "qdq", node.name, node.op_type,
+                           f"scale '{scale}' must be a build-time constant (initializer) for TensorRT."))
+    zero = node.input[2] if len(node.input) > 2 else ""
+    if not zero:
+        return
+    values = g.constant_value(zero) if zero in g.constants else None
+    if zero not in g.constants or values is None:
+        out.append(Finding("info", "restriction", node.name, node.op_type,
+                           f"zero point '{zero}' cannot be read here; TensorRT needs it to be 0."))
+    elif any(values):
+        out.append(Finding("error", "qdq", node.name, node.op_type,
+                           f"zero point '{zero}' is not 0; TensorRT quantizes symmetrically (re-quantize with "
+                           "symmetric activations: hydra-toolchain export --precision int8)."))
 
 
 def _check_dtypes(model: onnx.ModelProto, g: _Graph, out: list[Finding]) -> None:
@@ -430,6 +456,11 @@ def lint_tensorrt(path: Path, trt_version: str | None = None, profile: Profile |
             _check_restrictions(node, g, target, findings)
     _check_dtypes(model, g, findings)
     _check_profile(model, g, profile, findings)
+    qdq = sum(n.op_type == "DequantizeLinear" for n in model.graph.node)
+    if qdq:
+        findings.append(Finding("info", "qdq", "", "",
+                                f"explicit quantization: {qdq} DequantizeLinear nodes; TensorRT 10 and 11 build it "
+                                "strongly typed (no INT8 builder flag, no calibrator)."))
     order = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order[f.severity])
     return LintReport(path=path, trt_version=version, findings=findings)

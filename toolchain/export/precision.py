@@ -98,7 +98,13 @@ _LOW = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}
 
 
 def graph_precision(model: onnx.ModelProto) -> str:
-    """``"fp16"``/``"bf16"`` when the graph holds low-precision weights or casts, else ``"fp32"``."""
+    """The graph's precision: ``int8``, ``fp16``, ``bf16`` or ``fp32``.
+
+    ``int8`` for an explicitly quantized graph (Q/DQ nodes), ``fp16``/``bf16`` when the graph holds
+    low-precision weights or casts, else ``fp32``.
+    """
+    if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
+        return "int8"
     found = {_LOW[i.data_type] for i in model.graph.initializer if i.data_type in _LOW}
     for node in model.graph.node:
         if node.op_type == "Cast":

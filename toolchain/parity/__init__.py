@@ -28,10 +28,11 @@ Typical use (exit code 0 pass, 1 a check failed, 2 the run could not happen)::
 
 from toolchain.parity.numeric import OutputComparison, compare_outputs, polygraphy_cross_check
 from toolchain.parity.reference_engine import ReferenceEvaluatorRunner
-from toolchain.parity.rescue import RescueResult, rescue_precision
+from toolchain.parity.rescue import RescueResult, rescue_int8, rescue_precision
 from toolchain.parity.runner import ParityData, check_candidate, engine_tolerances, run_parity
 from toolchain.parity.tolerances import (
     DEFAULT_UQ_TOLERANCES,
+    INT8_UQ_TOLERANCES,
     MetricTolerance,
     Tolerance,
     ToleranceError,
@@ -46,6 +47,7 @@ from toolchain.parity.weights import TensorMatch, WeightReport, weight_parity
 
 __all__ = [
     "DEFAULT_UQ_TOLERANCES",
+    "INT8_UQ_TOLERANCES",
     "Check",
     "MetricCheck",
     "MetricTolerance",
@@ -67,6 +69,7 @@ __all__ = [
     "parse_tolerances",
     "parse_uq_tolerances",
     "polygraphy_cross_check",
+    "rescue_int8",
     "rescue_precision",
     "run_parity",
     "uq_parity",

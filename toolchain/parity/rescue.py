@@ -49,7 +49,7 @@ from toolchain.parity.tolerances import MetricTolerance, parse_uq_tolerances
 from toolchain.parity.uq import UQOutputs
 from toolchain.parity.verdict import Check
 
-__all__ = ["RescueResult", "rescue_precision"]
+__all__ = ["RescueResult", "rescue_int8", "rescue_precision"]
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,139 @@ def _ddmin(search: _Search, keep: list[str]) -> list[str]:
     return keep
 
 
+def _search_keep(evaluate: Callable[[tuple[str, ...]], list[Check]], nodes: list[str], max_evaluations: int,
+                 target: str, graph: str) -> tuple[list[str], list[Check], list[Check], _Search]:
+    """The search of the module docstring over ``nodes``.
+
+    Returns ``(kept nodes, the unrescued variant's failures, the kept set's checks, the search)``;
+    CheckFailed when keeping every candidate does not pass either.
+    """
+    search = _Search(evaluate, nodes, max_evaluations)
+    search.passes((), "initial")
+    initial = [c for c in search.last_checks[frozenset()] if c.status not in _OK]
+    if not initial:
+        log.info("rescue: the %s variant already passes; nothing kept", target)
+        return [], initial, search.last_checks[frozenset()], search
+    if not search.passes(nodes, "all-float"):
+        still = [f"{c.name}: {c.message}" for c in search.last_checks[frozenset(nodes)] if c.status not in _OK]
+        raise CheckFailed(
+            f"rescue: the {target} variant of {graph} fails parity even with all {len(nodes)} candidate nodes in "
+            "float, so no float node set can fix it (a wrong weight or op?): " + "; ".join(still[:5]))
+    keep = list(nodes)
+    try:
+        keep = _prefix(search, nodes)
+        keep = _ddmin(search, keep)
+    except _BudgetSpent:
+        passing = [set(k) for k, ok in search.cache.items() if ok]
+        keep = sorted(min(passing, key=len), key=search.rank.__getitem__)
+        log.warning("rescue: evaluation budget (%d) spent; keeping the best passing set (%d nodes)",
+                    max_evaluations, len(keep))
+    return keep, initial, search.last_checks[frozenset(keep)], search
+
+
+def rescue_int8(
+    src: Path,
+    dst: Path,
+    calibration: Sequence[Feed],
+    reference: Runner,
+    generated_feeds: Sequence[Feed],
+    id_feeds: Sequence[tuple[Feed, np.ndarray]] = (),
+    ood_feeds: Sequence[Feed] = (),
+    tolerances: Mapping[str, Any] | None = None,
+    uq_tolerances: Mapping[str, MetricTolerance] | None = None,
+    *,
+    keep_float_nodes: Iterable[str] = (),
+    runner_factory: RunnerFactory | None = None,
+    uq_outputs: UQOutputs | None = None,
+    n_bins: int = 15,
+    max_evaluations: int = 40,
+    quantize: Mapping[str, Any] | None = None,
+) -> RescueResult:
+    """The UQ-aware float fallback of an INT8 graph.
+
+    The smallest set of quantized matrix layers to keep in float so that the Q/DQ graph of ``src``
+    passes every parity check (numeric and UQ, at INT8's tolerances), on the feeds given (the caller's
+    validation rows: a recipe's fallback never sees its test split).
+
+    ``src`` is quantized once (:func:`~toolchain.engines.onnxrt.quantize.quantize_int8`, calibrated on
+    ``calibration``; ``quantize``: its further keyword arguments); each evaluated set is that graph with
+    the set's layers turned back to float (:func:`~toolchain.export.quantize.keep_float_layers`, no
+    recalibration), run by ``runner_factory`` (default: the CPU kind every recipe has, which executes the
+    Q/DQ arithmetic exactly). The candidates are searched in order of sensitivity, each layer's numeric
+    error left when it alone is float on the first ID feeds (most helpful first), with the prefix
+    bisection and delta debugging of :func:`rescue_precision`. The graph that passed is written to ``dst``
+    with ``<stem>.precision.json`` (the kept layers and why) and ``<stem>.rescue.json`` (the search).
+    Raises CheckFailed when even every layer in float fails (not a quantization problem).
+    """
+    from toolchain.engines import default_engines, engine_kind, runner_for
+    from toolchain.engines.onnxrt.quantize import quantize_int8
+    from toolchain.export.graph import write_summary
+    from toolchain.export.quantize import keep_float_layers
+    from toolchain.parity.numeric import compare_outputs
+
+    started = time.perf_counter()
+    src, dst = Path(src), Path(dst)
+    base_keep = tuple(keep_float_nodes)
+    cpu = next(k for k in default_engines() if engine_kind(k).runs_files)  # the CPU kind every recipe has
+    factory = runner_factory or (lambda path: runner_for(cpu, {"path": str(path), "precision": "int8"},
+                                                          name="rescue-int8"))
+    tols = engine_tolerances(["candidate"], tolerances, {"candidate": "int8"})["candidate"]
+    uq_tols = parse_uq_tolerances(uq_tolerances, "int8")
+    data = ParityData.build(generated_feeds, id_feeds, ood_feeds)
+    ref, problems = run_reference(reference, data)
+    if ref is None:
+        raise ToolchainError("rescue: the reference cannot run: " + "; ".join(c.message for c in problems))
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fp32 = load_checked(src)
+    with tempfile.TemporaryDirectory(prefix="rescue-", dir=dst.parent) as tmp:
+        counter = iter(range(1_000_000))
+        first = quantize_int8(src, Path(tmp) / "first.onnx", calibration, keep_float_nodes=base_keep,
+                              **dict(quantize or {}))
+        qdq = onnx.load_model(str(Path(tmp) / "first.onnx"))
+        layers = list(first.quantized)
+
+        def variant(kept: Iterable[str]) -> Path:
+            path = Path(tmp) / f"variant{next(counter)}.onnx"
+            onnx.save_model(keep_float_layers(qdq, fp32, kept), str(path))
+            return path
+
+        def evaluate(kept: tuple[str, ...]) -> list[Check]:
+            return check_candidate("candidate", factory(variant(kept)), data, ref, tols, uq_tols,
+                                   uq_outputs=uq_outputs, n_bins=n_bins, cross_check=False, precision="int8")
+
+        # sensitivity: the numeric error left with one layer float, on the first ID feeds (else generated)
+        probe = ParityData.build(generated_feeds if not id_feeds else [], list(id_feeds)[:2], [])
+        probe_ref = run_reference(reference, probe)[0]
+        left: dict[str, float] = {}
+        for name in layers:
+            with factory(variant([name])) as runner:
+                got = [runner.infer(f) for _, _, f in probe.feeds()]
+            comps = compare_outputs(probe_ref.all(), got, [label for _, label, _ in probe.feeds()], tols)
+            left[name] = max(float(c.rule_value) for c in comps.values())
+        order = sorted(layers, key=lambda n: (left[n], layers.index(n)))
+        log.info("rescue int8 of %s: %d quantized layers; most sensitive first: %s", src.name, len(layers),
+                 ", ".join(order[:4]))
+        keep, initial, final, search = _search_keep(evaluate, order, max_evaluations, "int8", src.name)
+        result_path = variant(keep)
+        tmp_dst = dst.with_name(f".{dst.name}.tmp")
+        result_path.replace(tmp_dst)
+        tmp_dst.replace(dst)
+    why = "; ".join(c.name for c in initial[:4])
+    report = {**first.report(), "quantized": [n for n in first.quantized if n not in keep],
+              "quantized_count": len(first.quantized) - len(keep),
+              "kept_float": {**first.kept_float, **{n: f"float fallback: needed to pass {why}" for n in keep}}}
+    atomic_write_json(dst.with_name(f"{dst.stem}.precision.json"), report)
+    write_summary(dst)
+    for name in keep:
+        log.info("rescue: keep %s in float (needed for parity)", name)
+    out = RescueResult(target="int8", kept_fp32_nodes=tuple(keep), path=dst, candidates=len(layers),
+                       initial_failures=initial, final_checks=final, evaluations=search.log,
+                       seconds=time.perf_counter() - started)
+    atomic_write_json(dst.with_name(f"{dst.stem}.rescue.json"),
+                      {**out.to_dict(), "sensitivity": {n: round(left[n], 4) for n in order}})
+    return out
+
+
 def rescue_precision(
     src: Path,
     dst: Path,
@@ -241,28 +374,7 @@ def rescue_precision(
             return check_candidate("candidate", factory(path), data, ref, tols, uq_tols,
                                    uq_outputs=uq_outputs, n_bins=n_bins, cross_check=False, precision=target)
 
-        search = _Search(evaluate, nodes, max_evaluations)
-        search.passes((), "initial")
-        initial = [c for c in search.last_checks[frozenset()] if c.status not in _OK]
-        if not initial:
-            keep: list[str] = []
-            log.info("rescue: the %s variant already passes; nothing kept", target)
-        else:
-            if not search.passes(nodes, "all-fp32"):
-                still = [f"{c.name}: {c.message}" for c in search.last_checks[frozenset(nodes)] if c.status not in _OK]
-                raise CheckFailed(
-                    f"rescue: the {target} variant of {src.name} fails parity even with all {len(nodes)} candidate "
-                    "nodes in FP32, so no FP32 node set can fix it (a wrong weight or op?): " + "; ".join(still[:5]))
-            keep = list(nodes)
-            try:
-                keep = _prefix(search, nodes)
-                keep = _ddmin(search, keep)
-            except _BudgetSpent:
-                passing = [set(k) for k, ok in search.cache.items() if ok]
-                keep = sorted(min(passing, key=len), key=search.rank.__getitem__)
-                log.warning("rescue: evaluation budget (%d) spent; keeping the best passing set (%d nodes)",
-                            max_evaluations, len(keep))
-        final = search.last_checks[frozenset(keep)]
+        keep, initial, final, search = _search_keep(evaluate, nodes, max_evaluations, target, src.name)
     result = write_precision_variant(src, dst, target, keep_fp32_nodes=base_keep + tuple(keep), **conv_kw)
     for name in keep:
         log.info("rescue: keep %s in FP32 (needed for parity)", name)

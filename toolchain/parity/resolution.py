@@ -17,7 +17,13 @@ The rule
    OpenVINO FP32 and real BF16 on AVX512-BF16; 600 ID + 300 OOD rows and the generated feeds;
    ``python benchmarks/rank_gate/reach.py``, benchmarks/rank_gate/reach-own-checkpoint.json):
    probabilities of the top two classes moved by at most 68.4 u (FP32: kernels sum in another order),
-   4.2 u (FP16), 7.9 u (BF16, OpenVINO); member logits by 63.5 u, 9.4 u, 10.1 u. The former single
+   4.2 u (FP16), 7.9 u (BF16, OpenVINO); member logits by 63.5 u, 9.4 u, 10.1 u. INT8 (``u`` =
+   2^-8, half a step of a symmetric 8-bit grid) is not rounding-like: its moves have heavy tails (the
+   largest, 362 u, is a second-class probability of 0.01 moving to 0.024), and a reach at the max
+   would make every MSP score interval overlap (no rank check resolvable); ``K`` is the 0.99 quantile
+   of the moves of correct INT8 engines (MiniLM single model and Hydra, ONNX Runtime and OpenVINO,
+   every Q/DQ variant of ``benchmarks/parity_tolerances/int8.py``): 121 u for probabilities, 90 u for
+   member logits, so the member disagreement quantization alone creates stays within the bound. The former single
    ``K = 4`` came from true FP16/BF16 arithmetic on one graph; real BF16 engines moved up to twice
    that. ``d_i``: the change of sample ``i``'s score when its inputs move by that much with
    alternating signs along the class (and member) axes.
@@ -93,13 +99,18 @@ __all__ = ["DRAWS", "MIN_DEFINED", "RANK_PREFIXES", "SEED", "ULPS", "UNIT_ROUNDO
 #: metric name prefixes of the rank (order-only) metrics of :func:`toolchain.metrics.uq_report`.
 RANK_PREFIXES: tuple[str, ...] = ("failure_auroc", "auroc_", "aupr_", "fpr95_")
 #: unit roundoff (half the spacing at 1) of each precision.
-UNIT_ROUNDOFF: dict[str, float] = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
+UNIT_ROUNDOFF: dict[str, float] = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8,
+                                   # INT8: half a step of a symmetric 8-bit grid over a tensor's range (1/254)
+                                   "int8": 2.0**-8}
 #: how many unit roundoffs a correct engine moves a score's inputs, per precision and input kind: the
 #: largest move measured on 10 correct engines, rounded up (module docstring, step 1;
 #: benchmarks/rank_gate/reach-own-checkpoint.json)
 ULPS: dict[str, dict[str, float]] = {"fp32": {"probs": 69.0, "logits": 64.0},
                                      "fp16": {"probs": 5.0, "logits": 10.0},
-                                     "bf16": {"probs": 8.0, "logits": 11.0}}
+                                     "bf16": {"probs": 8.0, "logits": 11.0},
+                                     # INT8: the 0.99 quantile of the moves of correct INT8 engines, not their max
+                                     # (docs/quantization.md; benchmarks/parity_tolerances/int8.py)
+                                     "int8": {"probs": 121.0, "logits": 90.0}}
 #: Monte Carlo draws of the calibrated bound (the bound is the LARGEST change over them), and the seed.
 DRAWS = 1000
 #: fewer draws than this with the metric defined (rounding alone leaves one class empty in the rest):

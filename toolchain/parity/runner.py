@@ -425,7 +425,12 @@ def run_parity(
                 asked = meta["precisions"][engine]
                 precision = _judged_precision(engine, runner, meta, tols, tolerances, precisions)
                 log.info("parity: checking '%s' (%s)", engine, precision)
-                found = check_candidate(engine, runner, data, ref, tols[engine], uq_tols, uq_outputs=uq_outputs,
+                engine_uq = uq_tols
+                if precision == "int8":  # INT8's own UQ defaults, the same overrides
+                    engine_uq = parse_uq_tolerances(uq_tolerances, "int8")
+                    meta.setdefault("uq_tolerances_by_engine", {})[engine] = {
+                        k: t.to_dict() for k, t in sorted(engine_uq.items())}
+                found = check_candidate(engine, runner, data, ref, tols[engine], engine_uq, uq_outputs=uq_outputs,
                                         n_bins=n_bins, cross_check=cross_check, precision=precision)
             finally:
                 if owned:

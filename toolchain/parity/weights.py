@@ -43,11 +43,21 @@ reference has no parameter of its size at all, and none by name or scope (a tens
 derived from several parameters, e.g. a packed QKV of a fused attention), is **unmatched**:
 reported by name and counted, not judged, so such a graph is gated by its outputs rather than
 failed on a weight nobody can compare.
+
+**INT8 (Q/DQ) graphs.** A quantized weight is an INT8 initializer read by a ``DequantizeLinear``
+with its scale (per output channel) and zero point; those two are quantization parameters, not
+weights, and are not matched against parameters. The weight is dequantized (``(q - zero point) *
+scale``) and compared with the reference parameter (by name without the quantizer's ``_quantized``
+suffix, else read by the same module, else the closest of its size) in quantization steps: round to
+nearest leaves every element within half a step of the parameter (``int8`` allows 0.5 steps, plus
+1e-3 for float rounding of the scale); a weight or a weight scale off by 1% of a step's worth of
+magnitude fails.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -65,7 +75,10 @@ __all__ = ["ALLOWED_ULPS", "MIN_ELEMENTS", "TensorMatch", "WeightReport", "refer
 #: float initializers with fewer elements are exporter constants, not weights (not judged)
 MIN_ELEMENTS = 2
 #: ULPs of the initializer's own type allowed between it and the rounded reference parameter
-ALLOWED_ULPS = {"fp32": 0, "fp64": 0, "fp16": 1, "bf16": 1}
+ALLOWED_ULPS = {"fp32": 0, "fp64": 0, "fp16": 1, "bf16": 1, "int8": 0}  # int8: whole steps beyond half a step
+#: INT8 weights: quantization steps allowed between the dequantized weight and the parameter (round to nearest)
+INT8_STEPS = 0.5 + 1e-3
+_QUANT_SUFFIX = re.compile(r"_quantized$")
 _TYPES = {TensorProto.FLOAT: "fp32", TensorProto.DOUBLE: "fp64", TensorProto.FLOAT16: "fp16",
           TensorProto.BFLOAT16: "bf16"}
 _BITS = {"fp32": np.int32, "fp64": np.int64, "fp16": np.int16, "bf16": np.int16}
@@ -235,7 +248,8 @@ class TensorMatch:
         what = f"'{self.initializer}' ({self.dtype} {list(self.shape)})"
         if self.reference is None:
             return f"{what} equals no reference parameter of its size"
-        diff = (f"max |diff| {self.max_abs_diff:.3g}, {self.max_ulps} {self.dtype} ULPs > {self.allowed_ulps}"
+        unit = "quantization steps beyond half a step" if self.dtype == "int8" else f"{self.dtype} ULPs"
+        diff = (f"max |diff| {self.max_abs_diff:.3g}, {self.max_ulps} {unit} > {self.allowed_ulps}"
                 if self.max_ulps is not None and self.max_abs_diff is not None else "")
         parts = f" (slices {', '.join(self.differs)})" if self.differs else ""
         found = {"name": "named after", "scope": "read by module", "size": "closest"}.get(self.how, "vs")
@@ -456,6 +470,28 @@ def _judge(name: str, kind: str, shape: tuple[int, ...], ref: RefTensor | None, 
                        allowed, () if ok else _differing_parts(ref, ulps, transform, allowed))
 
 
+def _judge_int8(name: str, shape: tuple[int, ...], deq: np.ndarray, step: np.ndarray, pool: list[RefTensor],
+                how: str) -> TensorMatch:
+    """A dequantized INT8 weight against the closest reference tensor of ``pool`` (each layout), in steps."""
+    best: tuple[float, float, RefTensor, str] | None = None
+    for ref in pool:
+        for transform in _TRANSFORMS:
+            flat = _laid_out(ref, transform)
+            if flat is None or flat.size != deq.size:
+                continue
+            diff = np.abs(deq - flat.astype(np.float64))
+            steps = float(np.max(diff / np.maximum(step, 1e-30))) if diff.size else 0.0
+            if best is None or steps < best[0]:
+                best = (steps, float(diff.max(initial=0.0)), ref, transform)
+    if best is None:
+        return TensorMatch(name, "int8", shape, "unmatched", None, None, "none", None, None, None, 0)
+    steps, diff, ref, transform = best
+    ok = steps <= INT8_STEPS
+    # max_ulps for INT8: whole quantization steps beyond the half step round to nearest allows
+    return TensorMatch(name, "int8", shape, "pass" if ok else "fail", ref.name, ref.module, how, transform, diff,
+                       0 if ok else max(1, math.ceil(steps - 0.5)), 0)
+
+
 def weight_parity(graph: str | Path | onnx.ModelProto, reference_module: Any,
                   precision: str | None = None) -> WeightReport:
     """Compare every weight initializer of ``graph`` with the reference parameter it came from.
@@ -477,6 +513,7 @@ def weight_parity(graph: str | Path | onnx.ModelProto, reference_module: Any,
         ToolchainError: the reference is not a torch module.
     """
     from toolchain.export.precision import graph_precision
+    from toolchain.export.quantize import dequantized_weights
 
     model, label = _load(graph)
     refs = reference_tensors(reference_module)
@@ -486,7 +523,8 @@ def weight_parity(graph: str | Path | onnx.ModelProto, reference_module: Any,
         except GraphError:
             precision = "mixed"
     matcher = _Matcher(refs)
-    inits = [i for i in model.graph.initializer if i.data_type in _TYPES]
+    quantized, qparams = dequantized_weights(model)
+    inits = [i for i in model.graph.initializer if i.data_type in _TYPES and i.name not in qparams]
     k = _strip_prefix([_LOW_SUFFIX.sub("", i.name) for i in inits], set(refs))
     module_paths = {name for name, _ in reference_module.named_modules()}
     scopes = _reader_scopes(model, module_paths)
@@ -530,6 +568,18 @@ def weight_parity(graph: str | Path | onnx.ModelProto, reference_module: Any,
         if match.status == "pass" and ref is not None:
             used.update(ref.sources)
         tensors.append(match)
+    if quantized:
+        for name, (deq, step, shape) in quantized.items():
+            base = ".".join(_QUANT_SUFFIX.sub("", name).split(".")[k:])
+            by_name = refs.get(base)
+            in_scope = [r for r in matcher.by_size.get(deq.size, [])
+                        if any(r.module == s or r.module.startswith(s + ".") for s in scopes.get(name, []))]
+            pool, how = (([by_name], "name") if by_name is not None else
+                         (in_scope, "scope") if in_scope else (matcher.by_size.get(deq.size, []), "size"))
+            match = _judge_int8(name, shape, deq, step, pool, how)
+            if match.status == "pass" and match.reference is not None:
+                used.update(refs[match.reference].sources)
+            tensors.append(match)
     held = [refs[n] for n in used if n in refs]
     unused = sorted(n for n, r in refs.items() if not r.parts and n not in used  # equal ones are stored once
                     and not any(h.array.shape == r.array.shape and np.array_equal(h.array, r.array) for h in held))

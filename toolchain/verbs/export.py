@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from toolchain.errors import RecipeError
+from toolchain.errors import DataError, RecipeError
 
 #: a generated feed of a given batch and sequence length: ``make_feed(batch, sequence, seed)``
 FeedMaker = Callable[[int, int, int], dict[str, torch.Tensor]]
@@ -60,6 +60,10 @@ class ExportOptions:
     #: engine kinds to build from the exported graphs (kinds that need a build: openvino-cpu compiles each
     #: FP32 graph at each of ``precisions``; tensorrt builds where it can); written to ``engines.json``
     engines: Sequence[str] = ()
+    #: INT8 calibration rows (``int8`` in ``precisions``): a labelled text CSV or an ``.npz`` of named arrays
+    data: Path | None = None
+    tokenizer: Path | None = None  #: the tokenizer folder for ``data`` (default: the source folder's)
+    calibration_rows: int = 256  #: at most this many rows of ``data`` calibrate (a seeded sample)
 
 
 def tensorrt_profile(specs: Mapping[str, Any], example: Mapping[str, torch.Tensor], names: Sequence[str],
@@ -199,6 +203,9 @@ def export_graphs(src: str | Path, out: str | Path, options: ExportOptions | Non
     from toolchain.export.stats import graph_stats
 
     o = options or ExportOptions()
+    if "int8" in o.precisions and o.data is None:
+        raise DataError("--precision int8 needs calibration rows: pass --data FILE (a labelled CSV, text,label; or "
+                        "an .npz of the graph's inputs for image models).")
     source = open_source(src)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -221,8 +228,19 @@ def export_graphs(src: str | Path, out: str | Path, options: ExportOptions | Non
         feed = {n: v for n, v in source.make_feed(o.batch.opt, min(o.sequence.opt, 64), 7).items() if n in names}
         for prec in [p for p in o.precisions if p != "fp32"]:
             name = f"{base}.{prec}"
-            res = write_precision_variant(out / f"{base}.onnx", out / f"{name}.onnx", prec)
-            check = validate_precision(out / f"{name}.onnx", module, feed, prec)
+            if prec == "int8":
+                from toolchain.engines.onnxrt.quantize import write_int8_variant
+                from toolchain.verbs.rows import data_feeds
+
+                calib = data_feeds(source, names, o.data, tokenizer=o.tokenizer, max_length=o.sequence.max,
+                                   max_rows=o.calibration_rows)
+                res = write_int8_variant(out / f"{base}.onnx", out / f"{name}.onnx", calib)
+                # checked on calibration rows: generated token ids lie outside the calibrated ranges
+                check = validate_precision(out / f"{name}.onnx", module,
+                                           {k: torch.as_tensor(v) for k, v in calib[0].items()}, prec)
+            else:
+                res = write_precision_variant(out / f"{base}.onnx", out / f"{name}.onnx", prec)
+                check = validate_precision(out / f"{name}.onnx", module, feed, prec)
             graphs[name] = {"kind": graphs[base]["kind"], "precision": prec, "path": f"{name}.onnx",
                             "inputs": names, "outputs": outputs, "precision_report": res.report(),
                             "pytorch_check": check, "stats": graph_stats(out / f"{name}.onnx")}

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from toolchain.errors import DataError, GraphError, ToolchainError
+from toolchain.verbs.rows import batches, csv_rows, data_feeds, load_source_tokenizer, text_batches
 
 Feed = dict[str, np.ndarray]
 _GROUPS = ("generated", "id", "ood")
@@ -65,6 +66,10 @@ class ParityOptions:
     precision: str | Sequence[str] | None = None
     save_inputs: Path | None = None
     localize: bool = False  #: name where each failing graph first diverges (:mod:`toolchain.verbs.localize`)
+    #: INT8 rescue: the rows the failing Q/DQ graph was calibrated on (a labelled CSV or an .npz), re-quantized with
+    #: layers kept in float
+    calibration: Path | None = None
+    calibration_rows: int = 256
     baseline: Path | None = None  #: with ``localize``: a reference graph to compare node by node
 
 
@@ -114,18 +119,6 @@ def parse_tolerance_options(tols: Sequence[str] = (), uq_tols: Sequence[str] = (
 
 
 # ------------------------------------------------------------------------------------ feeds
-def _batches(arrays: Mapping[str, np.ndarray], size: int) -> list[Feed]:
-    n = len(next(iter(arrays.values())))
-    return [{k: v[i:i + size] for k, v in arrays.items()} for i in range(0, n, size)]
-
-
-def _csv_rows(path: Path, max_rows: int | None, min_classes: int) -> Any:
-    from toolchain.data import load_csv
-
-    data = load_csv(f"csv:{Path(path).resolve()}", min_classes=min_classes)
-    if max_rows is not None and len(data) > max_rows:
-        data = data.subset(np.sort(np.random.default_rng(0).permutation(len(data))[:max_rows]))
-    return data
 
 
 def _label_index(data: Any, hf_config: Mapping[str, Any], path: Path) -> np.ndarray:
@@ -147,30 +140,6 @@ def _label_index(data: Any, hf_config: Mapping[str, Any], path: Path) -> np.ndar
     return np.asarray(data.labels, dtype=np.int64)
 
 
-def _text_batches(texts: Sequence[str], tokenizer: Any, max_length: int, size: int,
-                  names: Sequence[str]) -> tuple[list[Feed], np.ndarray]:
-    """Tokenised batches of ``texts`` in token-length order (less padding); the row order they hold."""
-    from toolchain.data import tokenize
-
-    lengths = np.asarray([len(ids) for ids in tokenizer(list(texts), truncation=True,
-                                                         max_length=max_length)["input_ids"]])
-    order = np.argsort(lengths, kind="stable")
-    feeds = []
-    for i in range(0, len(order), size):
-        enc = tokenize([texts[j] for j in order[i:i + size]], tokenizer, max_length, padding="longest")
-        feeds.append({n: enc[n].numpy() for n in names if n in enc})
-    return feeds, order
-
-
-def _load_tokenizer(source: Any, options: ParityOptions) -> Any:
-    from toolchain.models.loading import load_tokenizer
-
-    folder = Path(options.tokenizer) if options.tokenizer is not None else source.path
-    try:
-        return load_tokenizer(folder)
-    except ToolchainError as exc:
-        raise DataError(f"--data needs a tokenizer: {exc.message}",
-                        hint="Pass --tokenizer DIR (the checkpoint folder the model came from).") from None
 
 
 def save_feeds(path: Path, feeds: Feeds) -> Path:
@@ -214,9 +183,10 @@ def load_feeds(path: Path, names: Sequence[str], batch_size: int) -> tuple[Feeds
     feed = {n: arrays[n] for n in names}
     if "labels" in arrays:
         labels = np.asarray(arrays["labels"]).astype(np.int64)
-        ident = [(b, labels[i * batch_size:(i + 1) * batch_size]) for i, b in enumerate(_batches(feed, batch_size))]
+        ident = [(b, labels[i * batch_size:(i + 1) * batch_size]) for i, b in enumerate(batches(feed, batch_size))]
         return Feeds([], ident, []), False
-    return Feeds(_batches(feed, batch_size), [], []), True
+    return Feeds(batches(feed, batch_size), [], []), True
+
 
 
 def parity_feeds(source: Any, names: Sequence[str], options: ParityOptions) -> Feeds:
@@ -237,16 +207,16 @@ def parity_feeds(source: Any, names: Sequence[str], options: ParityOptions) -> F
         if not text:
             raise DataError(f"--data/--ood take text CSV files, and this model takes {list(names)}.",
                             hint="Give image rows with --inputs FILE.npz (pixel_values, labels).")
-        tokenizer = _load_tokenizer(source, options)
+        tokenizer = load_source_tokenizer(source, options.tokenizer)
         if options.data is not None:
-            rows = _csv_rows(options.data, options.max_rows, 1)
+            rows = csv_rows(options.data, options.max_rows, 1)
             labels = _label_index(rows, source.hf_config, options.data)
-            batches, order = _text_batches(rows.texts, tokenizer, longest, options.batch_size, names)
+            cut, order = text_batches(rows.texts, tokenizer, longest, options.batch_size, names)
             feeds.ident = [(b, labels[order[i * options.batch_size:(i + 1) * options.batch_size]])
-                           for i, b in enumerate(batches)]
+                           for i, b in enumerate(cut)]
         if options.ood is not None:
-            rows = _csv_rows(options.ood, options.max_rows, 1)
-            feeds.ood = _text_batches(rows.texts, tokenizer, longest, options.batch_size, names)[0]
+            rows = csv_rows(options.ood, options.max_rows, 1)
+            feeds.ood = text_batches(rows.texts, tokenizer, longest, options.batch_size, names)[0]
     if feeds.ood and not feeds.ident:
         raise DataError("--ood needs ID rows too (--data or --inputs with labels): OOD metrics compare the two.")
     for group in (feeds.generated, [f for f, _ in feeds.ident], feeds.ood):
@@ -335,14 +305,18 @@ def check_parity(graphs: Sequence[str | Path], reference: str | Path, options: P
 
 def rescue_graphs(verdict: Any, reference: str | Path, options: ParityOptions | None, out: str | Path,
                   say: Callable[[str], None] = lambda _line: None) -> list[dict[str, Any]]:
-    """``parity --rescue``: for each failing FP16/BF16 ``.onnx`` graph, the smallest FP32 node set that passes.
+    """``parity --rescue``: the smallest FP32 node set per failing FP16/BF16 graph; float layers per INT8 graph.
+
+    For each failing FP16/BF16 ``.onnx`` graph, the smallest FP32 node set that passes; for each failing
+    INT8 (Q/DQ) graph, the smallest set of quantized layers to keep in float (the UQ-aware float fallback,
+    :func:`toolchain.parity.rescue_int8`, re-quantized on ``options.calibration``).
 
     The FP32 graph is the failing graph's name without its precision (``hydra-conv.fp16.onnx`` ->
     ``hydra-conv.onnx``, beside it); the passing graph goes to ``out/rescued/``.
     """
     from toolchain.artifacts import atomic_write_json
-    from toolchain.engines import split_label
-    from toolchain.parity import rescue_precision
+    from toolchain.engines import engine_kind, split_label
+    from toolchain.parity import rescue_int8, rescue_precision
     from toolchain.verbs.export import open_source
 
     o = options or ParityOptions()
@@ -354,6 +328,9 @@ def rescue_graphs(verdict: Any, reference: str | Path, options: ParityOptions | 
         path = Path(files[label])
         precision = verdict.meta["precisions"][label]
         kind = split_label(label)[0]
+        if precision == "int8" and path.suffix == ".onnx" and "int8" in engine_kind(kind).precisions:
+            rescued.append(_rescue_int8(path, label, kind, source, o, out, rescue_int8, say))
+            continue
         if precision not in ("fp16", "bf16") or path.suffix != ".onnx" or kind not in _rescuable_names():
             say(f"rescue: {path.name} is not an FP16/BF16 ONNX graph of a rescuable kind; skipped")
             continue
@@ -366,7 +343,7 @@ def rescue_graphs(verdict: Any, reference: str | Path, options: ParityOptions | 
         feeds = parity_feeds(source, names, o)
         dst = Path(out) / "rescued" / path.name
         res = rescue_precision(fp32, dst, precision, runner, feeds.generated, feeds.ident, feeds.ood,
-                               uq_tolerances=dict(o.uq_tolerances) or None)
+                               tolerances=dict(o.tolerances) or None, uq_tolerances=dict(o.uq_tolerances) or None)
         rescued.append({"graph": path.name, "passed": res.passed, "kept_fp32_nodes": list(res.kept_fp32_nodes),
                         "path": str(dst)})
         say(f"rescue {path.name}: {'pass' if res.passed else 'FAIL'} keeping {len(res.kept_fp32_nodes)} node(s) in "
@@ -374,6 +351,37 @@ def rescue_graphs(verdict: Any, reference: str | Path, options: ParityOptions | 
     if rescued:
         atomic_write_json(Path(out) / "rescued" / "rescue.json", rescued)
     return rescued
+
+
+def _rescue_int8(path: Path, label: str, kind: str, source: Any, o: ParityOptions, out: str | Path,
+                 rescue_int8: Callable[..., Any], say: Callable[[str], None]) -> dict[str, Any]:
+    """The float fallback of one failing INT8 graph, searched on the engine kind that failed it."""
+    from toolchain.engines import engine_kind, runner_for
+
+    fp32 = path.with_name(path.name.replace(".int8.onnx", ".onnx"))
+    if fp32 == path or not fp32.is_file():
+        raise GraphError(f"rescue of '{path}': its FP32 graph '{fp32}' is not there; the INT8 fallback re-quantizes "
+                         "the FP32 graph it was made from.")
+    if o.calibration is None:
+        raise DataError(f"rescue of the INT8 graph '{path.name}' re-quantizes it: pass --calib FILE (the rows it was "
+                        "calibrated on, as given to export --data).")
+    names = _graph_inputs(fp32)
+    runner, _wanted = _reference(source, names, _graph_outputs(fp32))
+    feeds = parity_feeds(source, names, o)
+    calib = data_feeds(source, names, o.calibration, tokenizer=o.tokenizer, max_length=o.max_length,
+                       max_rows=o.calibration_rows)
+    def factory(p: Path) -> Any:  # searched on the engine that failed (its INT8 kernels), not a stand-in
+        return runner_for(kind, {"path": str(p), "precision": "int8"}, name="rescue-int8")
+
+    # one rescued graph per engine kind that failed it (OpenVINO's INT8 kernels may need other layers in float)
+    dst = Path(out) / "rescued" / (path.name if engine_kind(kind).rescuable else f"{kind}/{path.name}")
+    res = rescue_int8(fp32, dst, calib, runner, feeds.generated, feeds.ident, feeds.ood,
+                      tolerances=dict(o.tolerances) or None, uq_tolerances=dict(o.uq_tolerances) or None,
+                      runner_factory=factory)
+    say(f"rescue {path.name} ({label}): {'pass' if res.passed else 'FAIL'} keeping {len(res.kept_fp32_nodes)} "
+        f"quantized layer(s) in float: {', '.join(res.kept_fp32_nodes[:8])}")
+    return {"graph": path.name, "engine": label, "passed": res.passed, "kept_float_nodes": list(res.kept_fp32_nodes),
+            "path": str(dst)}
 
 
 def _rescuable_names() -> set[str]:

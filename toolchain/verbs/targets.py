@@ -28,7 +28,7 @@ from typing import Any
 
 from toolchain.errors import GraphError, ToolchainError
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def _engine_precision(path: Path, description: dict[str, Any], given: Sequence[s
     if given is not None and len(given) == 1:
         return given[0]
     raise ToolchainError(f"cannot tell the precision of '{path}' from its sidecar or name; pass --precision "
-                         "fp32|fp16|bf16 (one).")
+                         "fp32|fp16|bf16|int8 (one).")
 
 
 def _describe(spec: Any, path: Path) -> dict[str, Any]:
@@ -170,12 +170,31 @@ def targets_for(paths: Sequence[str | Path], engines: Sequence[str] | None = Non
         graph_precision, inputs, outputs = _graph_facts(path)
         for kind in engines or [default_kind()]:
             spec = engine_kind(kind)
+            if spec.compiles and graph_precision == "int8":  # a Q/DQ graph compiles as it is, at its own precision
+                for precision in [p for p in (precisions or ["int8"]) if p != "int8"]:
+                    skipped[candidate_label(kind, f"{path.name}@{precision}")] = (
+                        f"'{path.name}' is an INT8 (Q/DQ) graph; {kind} compiles it as INT8 only")
+                if precisions and "int8" not in precisions:
+                    continue
+                label = candidate_label(kind, f"{path.name}@int8")
+                reason = spec.unavailable("int8")
+                if reason is not None:
+                    skipped[label] = reason
+                    machine.add(label)
+                    continue
+                targets.append(Target(label, kind, "int8", path, {"path": str(path), "precision": "int8"},
+                                      inputs, outputs))
+                continue
             if spec.compiles:
                 if graph_precision != "fp32":
                     raise ToolchainError(f"--engine {kind} compiles FP32 graphs at a precision; '{path.name}' is a "
                                          f"{graph_precision} graph: give its FP32 graph and --precision "
                                          f"{graph_precision}.")
-                for precision in precisions or [graph_precision]:
+                if precisions and "int8" in precisions:
+                    skipped[candidate_label(kind, f"{path.name}@int8")] = (
+                        f"'{path.name}' is an FP32 graph; INT8 needs its Q/DQ graph "
+                        "(hydra-toolchain export --precision int8 --data CALIB.csv)")
+                for precision in [p for p in (precisions or [graph_precision]) if p != "int8"]:
                     label = candidate_label(kind, f"{path.name}@{precision}")
                     reason = spec.unavailable(precision)
                     if reason is not None:

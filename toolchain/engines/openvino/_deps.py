@@ -17,9 +17,11 @@ from typing import NamedTuple
 from toolchain.errors import MissingDependencyError
 
 #: toolchain precision -> OpenVINO element type name of the inference-precision hint
-OV_TYPES = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
+OV_TYPES = {"fp32": "f32", "fp16": "f16", "bf16": "bf16",
+            # an INT8 (Q/DQ) graph: the Q/DQ pairs make the matrix layers INT8; everything else stays f32
+            "int8": "f32"}
 #: the CPU plugin capability each low precision needs
-CAPABILITY = {"fp16": "FP16", "bf16": "BF16"}
+CAPABILITY = {"fp16": "FP16", "bf16": "BF16", "int8": "INT8"}
 #: /proc/cpuinfo flags recorded in a sidecar (what the kernels can use; informational)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_int8", "amx_tile")
 
@@ -82,7 +84,7 @@ def current_identity() -> CpuIdentity:
 def unavailable_reason(precision: str, identity: CpuIdentity | None = None) -> str | None:
     """Why this CPU cannot run ``precision`` with OpenVINO (None: it can)."""
     if precision not in OV_TYPES:
-        return f"OpenVINO's CPU plugin runs fp32, fp16 or bf16, not '{precision}'"
+        return f"OpenVINO's CPU plugin runs fp32, fp16, bf16 or int8, not '{precision}'"
     needed = CAPABILITY.get(precision)
     if needed is None:
         return None
@@ -91,7 +93,7 @@ def unavailable_reason(precision: str, identity: CpuIdentity | None = None) -> s
         return None
     return (f"this CPU ({identity.device_name}) has no {needed} support in OpenVINO {identity.openvino_version} "
             f"(OPTIMIZATION_CAPABILITIES {list(identity.capabilities)}); {precision} engines run on CPUs with "
-            + ("AVX512-BF16 or AMX-BF16" if precision == "bf16" else "AVX512-FP16 or AMX-FP16"))
+            + {"bf16": "AVX512-BF16 or AMX-BF16", "fp16": "AVX512-FP16 or AMX-FP16"}.get(precision, "INT8 kernels"))
 
 
 def require_precision(precision: str) -> CpuIdentity:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +37,19 @@ ProfileShapes = Mapping[str, tuple[Sequence[int], Sequence[int], Sequence[int]]]
 #: layers whose precision decides an engine's error (the matrix products)
 MATRIX_LAYERS = ("FullyConnected", "MatMul", "Convolution", "GroupConvolution", "Deconvolution",
                  "FullyConnectedCompressed")
-_FROM_OV = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
-_RANK = {"fp32": 2, "fp16": 1, "bf16": 1}  # lower = less precise
+_FROM_OV = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "i8": "int8", "u8": "int8"}
+_RANK = {"fp32": 2, "fp16": 1, "bf16": 1, "int8": 0}  # lower = less precise
 
 
 def precision_config(precision: str) -> dict[str, Any]:
-    """The OpenVINO CPU properties that make ``precision`` (also passed when the file is imported)."""
+    """The OpenVINO CPU properties that make ``precision`` (also passed when the file is imported).
+
+    ``int8`` is a Q/DQ graph: its QuantizeLinear/DequantizeLinear pairs, not a hint, make the matrix layers
+    INT8 (OpenVINO's low-precision transformations); the rest runs at the f32 hint, in ``PERFORMANCE`` mode
+    (``ACCURACY`` would keep the quantized layers in float).
+    """
     if precision not in OV_TYPES:
-        raise EngineError(f"openvino-cpu: precision must be fp32, fp16 or bf16, got '{precision}'.")
+        raise EngineError(f"openvino-cpu: precision must be fp32, fp16, bf16 or int8, got '{precision}'.")
     mode = "ACCURACY" if precision == "fp32" else "PERFORMANCE"
     return {"INFERENCE_PRECISION_HINT": OV_TYPES[precision], "EXECUTION_MODE_HINT": mode}
 
@@ -73,15 +78,26 @@ def read_back(compiled: Any) -> dict[str, dict[str, int]]:
 def ran_precision(layers: Mapping[str, Mapping[str, int]], asked: str) -> tuple[str, int]:
     """``(precision the engine ran in, matrix layers kept in FP32)`` from :func:`read_back`'s counts.
 
-    The lowest floating precision of the matrix layers (of every floating layer when the graph has
-    none); the number of matrix layers left in FP32 when a lower precision was asked for.
+    The lowest precision of the matrix layers (of every floating layer when the graph has none):
+    ``int8`` when any ran in i8/u8; the number of matrix layers left in FP32 when a lower precision was
+    asked for (for ``int8``: the matrix layers that did not run in INT8, the float heads and the
+    attention products of two activations included). An INT8 graph whose matrix layers all ran in
+    float reads back ``fp32``: the engine fell back, and the gate reports it.
     """
-    matrix = {p: n for kind, per in layers.items() if kind in MATRIX_LAYERS for p, n in per.items() if p in _RANK}
-    if not matrix:
-        matrix = {p: n for per in layers.values() for p, n in per.items() if p in _RANK}
+    def counts(kinds: Iterable[str]) -> dict[str, int]:  # per precision, summed over the layer kinds
+        out: dict[str, int] = {}
+        for kind in kinds:
+            for p, n in layers[kind].items():
+                if p in _RANK:
+                    out[p] = out.get(p, 0) + n
+        return out
+
+    matrix = counts(k for k in layers if k in MATRIX_LAYERS) or counts(layers)
     if not matrix:
         return asked, 0
     lowest = min(matrix, key=lambda p: (_RANK[p], p != asked))
+    if asked == "int8":
+        return lowest, sum(n for p, n in matrix.items() if p != "int8")
     kept = matrix.get("fp32", 0) if asked != "fp32" else 0
     return lowest, kept
 

@@ -14,6 +14,9 @@ Precision:
 * TensorRT 10.x: a low-precision graph is built strongly typed (its casts are obeyed); an FP32
   graph with ``precision="fp16"/"bf16"`` falls back to the weakly typed builder flags
   (deprecated since 10.12; a warning says to convert the graph instead).
+* INT8: explicit quantization only (TensorRT 11 removed the INT8 flag and the calibrators): an INT8
+  (Q/DQ) graph from ``export --precision int8``, built strongly typed on 10.x and 11.x alike; an FP32
+  graph asked for ``int8`` is refused.
 """
 
 from __future__ import annotations
@@ -35,11 +38,11 @@ from toolchain.export.precision import graph_precision
 
 log = logging.getLogger(__name__)
 
-Precision = Literal["fp32", "fp16", "bf16"]
+Precision = Literal["fp32", "fp16", "bf16", "int8"]
 ProfileShapes = Mapping[str, tuple[Sequence[int], Sequence[int], Sequence[int]]]
 def _validate(precision: str, profile: ProfileShapes, workspace_gb: float) -> dict[str, list[list[int]]]:
-    if precision not in ("fp32", "fp16", "bf16"):
-        raise EngineError(f"build_engine: precision must be 'fp32', 'fp16' or 'bf16', got '{precision}'.")
+    if precision not in ("fp32", "fp16", "bf16", "int8"):
+        raise EngineError(f"build_engine: precision must be 'fp32', 'fp16', 'bf16' or 'int8', got '{precision}'.")
     if workspace_gb <= 0:
         raise EngineError(f"build_engine: workspace_gb must be > 0, got {workspace_gb}.")
     if not profile:
@@ -160,7 +163,7 @@ def build_engine(
     Args:
         onnx_path: the ``.onnx`` file (FP32, or an FP16/BF16 variant from the precision pass).
         engine_path: where to write the serialized engine.
-        precision: ``"fp32"``, ``"fp16"`` or ``"bf16"``; see the module docstring.
+        precision: ``"fp32"``, ``"fp16"``, ``"bf16"`` or ``"int8"`` (a Q/DQ graph); see the module docstring.
         profile: input name -> ``(min, opt, max)`` shapes, e.g.
             ``{"input_ids": ((1, 8), (8, 128), (32, 256))}``.
         timing_cache: a file to load kernel timings from and save them back to (None: no cache).
@@ -175,6 +178,10 @@ def build_engine(
     shapes = _validate(precision, profile, workspace_gb)
     model = load_checked(onnx_path, load_weights=False, check=False)
     graph = graph_precision(model)
+    if precision == "int8" and graph != "int8":
+        raise EngineError(f"build_engine: INT8 is explicit quantization only (TensorRT 11 has no INT8 flag or "
+                          f"calibrator); {onnx_path.name} is a {graph} graph: export its Q/DQ graph with "
+                          "hydra-toolchain export --precision int8 --data CALIB.")
     inputs = graph_inputs(model)
     trt = import_tensorrt()
     require_cuda(device)
