@@ -288,7 +288,7 @@ def build_command(
                                                "(default: the kinds that build without a GPU)",
                                                show_default=False)] = None,
     precision: Annotated[str, typer.Option("--precision", metavar="LIST", help="precisions, comma-separated: fp32, "
-                                           "fp16, bf16 (a precision this machine lacks is reported, not built)")]
+                                           "fp16, bf16, int8 (a precision this machine lacks is reported, not built)")]
     = "fp32,bf16",
     out: Annotated[Path | None, typer.Option("--out", "-o", metavar="DIR", help="output folder (graph files): engine "
                                              "files, their sidecars and engines.json", show_default=False)] = None,
@@ -386,10 +386,8 @@ def parity(
                                                    show_default=False)] = None,
     junit: Annotated[Path | None, typer.Option("--junit", metavar="FILE", help="write the JUnit XML here",
                                                show_default=False)] = None,
-    rescue: Annotated[bool, typer.Option("--rescue", help="for failing FP16/BF16 (INT8: with --calib) graphs, the "
-                                         "fewest nodes to keep in float; writes the passing graph")] = False,
-    calib: Annotated[Path | None, typer.Option("--calib", metavar="FILE", show_default=False, help="with --rescue "
-                                               "of an INT8 graph: its calibration rows (export --data)")] = None,
+    rescue: Annotated[bool, typer.Option("--rescue", help="for failing FP16/BF16/INT8 graphs, the fewest nodes "
+                                         "(INT8: quantized layers) to keep in float; writes the passing one")] = False,
     localize: Annotated[bool, typer.Option("--localize", help="for failing graphs, name where they first diverge "
                                            "(vs PyTorch; node by node vs --baseline or, FP16/BF16, the FP32 "
                                            "graph)")] = False,
@@ -428,9 +426,7 @@ def parity(
     options = ParityOptions(data=data, ood=ood, inputs=inputs, tokenizer=tokenizer, max_length=max_length,
                             batch_size=batch_size, max_rows=max_rows, tolerances=tolerances,
                             uq_tolerances=uq_tolerances, engine=engine, precision=precision, save_inputs=save_inputs,
-                            localize=localize, baseline=baseline, calibration=calib)
-    if calib is not None and not rescue:
-        raise ToolchainError("--calib FILE is the calibration of --rescue for INT8 graphs: add --rescue.")
+                            localize=localize, baseline=baseline)
     say = (lambda line: None) if _STATE["quiet"] else (lambda line: console.print(f"  {escape(line)}", highlight=False))
     verdict = check_parity(graphs, reference, options, out=out, say=say)
     _write_reports(verdict, json_file, junit)

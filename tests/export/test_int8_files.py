@@ -126,15 +126,13 @@ def test_a_copy_with_a_broken_scale_fails_with_exit_1(files, int8, what, tmp_pat
 
 
 def test_the_float_fallback_keeps_the_fewest_layers_that_pass(files, int8, tmp_path):
-    """Tolerances tighter than INT8 gives (a user's ``--tol``): the fallback keeps layers in float until the graph
-    passes, writes it and names them; without ``--calib`` it says what it needs."""
+    """Tolerances tighter than INT8 gives (a user's ``--tol``): the fallback turns layers of the failing graph back
+    to float until it passes, writes it and names them."""
     graph = int8["g"] / "single.int8.onnx"
     args = ["parity", str(graph), "--reference", str(files["ckpt"]), "--data", str(files["data"]),
             "--tol", "*:0.005:0.005", "-o", str(tmp_path / "p")]
     assert main(*args).returncode == 1
-    no_calib = main(*args, "--rescue")
-    assert no_calib.returncode == 2 and "pass --calib FILE" in no_calib.stderr
-    out = main(*args, "--rescue", "--calib", str(int8["calib"]))
+    out = main(*args, "--rescue")
     assert out.returncode == 0, out.stderr[-3000:]
     rescued = json.loads((tmp_path / "p" / "rescued" / "rescue.json").read_text())[0]
     quantized = json.loads((int8["g"] / "single.int8.precision.json").read_text())["quantized"]
@@ -144,6 +142,24 @@ def test_the_float_fallback_keeps_the_fewest_layers_that_pass(files, int8, tmp_p
     again = main("parity", rescued["path"], "--reference", str(files["ckpt"]), "--data", str(files["data"]),
                  "--tol", "*:0.005:0.005")
     assert again.returncode == 0, again.stderr[-3000:]
+
+
+def test_the_fallback_works_on_the_failing_graph_itself(files, int8, tmp_path):
+    """A broken activation scale is not quantized away: the fallback searches the failing file, and the layer that
+    reads the broken scale is the one it keeps in float."""
+    model = onnx.load(str(int8["g"] / "single.int8.onnx"))
+    inits = {i.name: i for i in model.graph.initializer}
+    dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] not in inits
+          and n.input[1] in inits]
+    scale = inits[dq[-1].input[1]]  # the pooler's input, clipped at a tenth of its range
+    scale.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(scale) * np.float32(0.1), scale.name))
+    (tmp_path / "single.onnx").write_bytes((int8["g"] / "single.onnx").read_bytes())
+    onnx.save(model, str(tmp_path / "single.int8.onnx"))
+    out = main("parity", str(tmp_path / "single.int8.onnx"), "--reference", str(files["ckpt"]), "--data",
+               str(files["data"]), "--rescue", "-o", str(tmp_path / "p"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    rescued = json.loads((tmp_path / "p" / "rescued" / "rescue.json").read_text())[0]
+    assert rescued["kept_float_nodes"] == ["/module/model/bert/pooler/dense/Gemm"]
 
 
 def test_bench_times_int8_graphs_on_both_kinds(int8, tmp_path):

@@ -101,6 +101,19 @@ def test_keep_float_layers_turns_layers_back_to_float(bert_onnx, bert_int8):
     dq_weights = [n for n in partly.graph.node if n.op_type == "DequantizeLinear"
                   and n.input[0] in {i.name for i in partly.graph.initializer}]
     assert len(dq_weights) == len(result.quantized) - 1
+    # a layer whose quantized input it shares with others (query with key and value): only it reads float
+    producers = {o: n for n in qdq.graph.node for o in n.output}
+    readers: dict[str, list[str]] = {}
+    for n in qdq.graph.node:
+        if n.name in result.quantized:
+            act = next(t for t in n.input if t in producers and producers[t].op_type == "DequantizeLinear"
+                       and producers[t].input[0] not in {i.name for i in qdq.graph.initializer})
+            readers.setdefault(act, []).append(n.name)
+    act, shared = next((a, r) for a, r in readers.items() if len(r) >= 3)
+    alone = keep_float_layers(qdq, fp32, [shared[0]])
+    nodes = {n.name: n for n in alone.graph.node}
+    assert act not in nodes[shared[0]].input and all(act in nodes[o].input for o in shared[1:])
+    assert np.isfinite(_run(alone, feed)[0]).all()  # the edited graph runs (a tiny random BERT's logits barely move)
     with pytest.raises(GraphError, match="not layers of both graphs"):
         keep_float_layers(qdq, fp32, ["nope"])
 
@@ -130,7 +143,8 @@ def test_histogram_calibration_takes_batches_of_other_shapes(bert_onnx, tmp_path
     assert len(cut) == 3 and {f["input_ids"].shape for f in cut} == {(4, 12)}
     assert not cut[0]["attention_mask"][:, 8:].any()  # padded positions are masked
     result = quantize_int8(bert_onnx.path, tmp_path / "p.onnx", feeds, calibrate="percentile")
-    assert result.calibration["method"] == "percentile" and graph_precision(onnx.load(str(tmp_path / "p.onnx")))
+    assert result.calibration["method"] == "percentile"
+    assert graph_precision(onnx.load(str(tmp_path / "p.onnx"))) == "int8"
 
 
 def test_member_ranges_measure_each_members_share_of_the_shared_scale(conv_onnx, tmp_path):

@@ -81,7 +81,7 @@ from toolchain.errors import GraphError, MissingDependencyError, ModelError
 
 log = logging.getLogger(__name__)
 
-_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 
 
 # ------------------------------------------------------------------------------------ runners

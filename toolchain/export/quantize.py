@@ -57,6 +57,7 @@ __all__ = [
     "is_quantized",
     "keep_float_layers",
     "matrix_layers",
+    "quantized_layers",
     "same_shapes",
 ]
 
@@ -183,6 +184,13 @@ def check_feeds(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]
     if missing:
         raise GraphError(f"INT8 calibration feeds lack the graph inputs {missing} (the graph reads {names}).")
     return names
+
+
+def quantized_layers(model: onnx.ModelProto) -> list[str]:
+    """The layers of a Q/DQ graph that read an INT8 weight (through a ``DequantizeLinear``), in graph order."""
+    inits = {i.name for i in model.graph.initializer}
+    weights = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+    return [n.name for n in model.graph.node if n.op_type in QUANTIZED_OPS and any(t in weights for t in n.input)]
 
 
 def keep_float_layers(qdq: onnx.ModelProto, fp32: onnx.ModelProto, layers: Iterable[str]) -> onnx.ModelProto:

@@ -29,6 +29,7 @@ hide overflows). Pass ``runner_factory`` to search with another engine (e.g. Ten
 from __future__ import annotations
 
 import logging
+import math
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -201,7 +202,7 @@ def _search_keep(evaluate: Callable[[tuple[str, ...]], list[Check]], nodes: list
 def rescue_int8(
     src: Path,
     dst: Path,
-    calibration: Sequence[Feed],
+    qdq: Path | None,
     reference: Runner,
     generated_feeds: Sequence[Feed],
     id_feeds: Sequence[tuple[Feed, np.ndarray]] = (),
@@ -209,7 +210,7 @@ def rescue_int8(
     tolerances: Mapping[str, Any] | None = None,
     uq_tolerances: Mapping[str, MetricTolerance] | None = None,
     *,
-    keep_float_nodes: Iterable[str] = (),
+    calibration: Sequence[Feed] = (),
     runner_factory: RunnerFactory | None = None,
     uq_outputs: UQOutputs | None = None,
     n_bins: int = 15,
@@ -218,29 +219,29 @@ def rescue_int8(
 ) -> RescueResult:
     """The UQ-aware float fallback of an INT8 graph.
 
-    The smallest set of quantized matrix layers to keep in float so that the Q/DQ graph of ``src``
-    passes every parity check (numeric and UQ, at INT8's tolerances), on the feeds given (the caller's
-    validation rows: a recipe's fallback never sees its test split).
+    The smallest set of quantized matrix layers of the Q/DQ graph ``qdq`` to turn back to float so that
+    it passes every parity check (numeric and UQ, at INT8's tolerances) against ``reference``, on the
+    feeds given (the caller's validation rows: a recipe's fallback never sees its test split). ``src`` is
+    its FP32 graph (the float weights); ``qdq`` None quantizes ``src`` first on ``calibration``
+    (:func:`~toolchain.engines.onnxrt.quantize.quantize_int8`; ``quantize``: its keyword arguments).
 
-    ``src`` is quantized once (:func:`~toolchain.engines.onnxrt.quantize.quantize_int8`, calibrated on
-    ``calibration``; ``quantize``: its further keyword arguments); each evaluated set is that graph with
-    the set's layers turned back to float (:func:`~toolchain.export.quantize.keep_float_layers`, no
-    recalibration), run by ``runner_factory`` (default: the CPU kind every recipe has, which executes the
-    Q/DQ arithmetic exactly). The candidates are searched in order of sensitivity, each layer's numeric
-    error left when it alone is float on the first ID feeds (most helpful first), with the prefix
-    bisection and delta debugging of :func:`rescue_precision`. The graph that passed is written to ``dst``
-    with ``<stem>.precision.json`` (the kept layers and why) and ``<stem>.rescue.json`` (the search).
+    Each evaluated set is the failing graph itself with the set's layers reading float again
+    (:func:`~toolchain.export.quantize.keep_float_layers`: no recalibration, every other scale as it is, so
+    a broken scale stays broken until its layer is float, and the written graph is the evaluated one), run by
+    ``runner_factory`` (default: the CPU kind every recipe has). The candidates are the layers that read an
+    INT8 weight, searched in order of sensitivity (the numeric error left when each alone is float, on the
+    first ID feeds) with the prefix bisection and delta debugging of :func:`rescue_precision`. The passing
+    graph goes to ``dst`` with ``<stem>.precision.json`` and ``<stem>.rescue.json`` (the search).
     Raises CheckFailed when even every layer in float fails (not a quantization problem).
     """
     from toolchain.engines import default_engines, engine_kind, runner_for
     from toolchain.engines.onnxrt.quantize import quantize_int8
     from toolchain.export.graph import write_summary
-    from toolchain.export.quantize import keep_float_layers
+    from toolchain.export.quantize import keep_float_layers, quantized_layers
     from toolchain.parity.numeric import compare_outputs
 
     started = time.perf_counter()
     src, dst = Path(src), Path(dst)
-    base_keep = tuple(keep_float_nodes)
     cpu = next(k for k in default_engines() if engine_kind(k).runs_files)  # the CPU kind every recipe has
     factory = runner_factory or (lambda path: runner_for(cpu, {"path": str(path), "precision": "int8"},
                                                           name="rescue-int8"))
@@ -253,42 +254,50 @@ def rescue_int8(
     dst.parent.mkdir(parents=True, exist_ok=True)
     fp32 = load_checked(src)
     with tempfile.TemporaryDirectory(prefix="rescue-", dir=dst.parent) as tmp:
-        counter = iter(range(1_000_000))
-        first = quantize_int8(src, Path(tmp) / "first.onnx", calibration, keep_float_nodes=base_keep,
-                              **dict(quantize or {}))
-        qdq = onnx.load_model(str(Path(tmp) / "first.onnx"))
-        layers = list(first.quantized)
-
-        def variant(kept: Iterable[str]) -> Path:
-            path = Path(tmp) / f"variant{next(counter)}.onnx"
-            onnx.save_model(keep_float_layers(qdq, fp32, kept), str(path))
-            return path
+        if qdq is None:
+            quantize_int8(src, Path(tmp) / "first.onnx", calibration, measure_members=False, **dict(quantize or {}))
+            qdq = Path(tmp) / "first.onnx"
+        failing = onnx.load_model(str(qdq))
+        layers = quantized_layers(failing)
+        label = Path(qdq).name
 
         def evaluate(kept: tuple[str, ...]) -> list[Check]:
-            return check_candidate("candidate", factory(variant(kept)), data, ref, tols, uq_tols,
-                                   uq_outputs=uq_outputs, n_bins=n_bins, cross_check=False, precision="int8")
+            path = Path(tmp) / "variant.onnx"
+            onnx.save_model(keep_float_layers(failing, fp32, kept), str(path))
+            try:
+                return check_candidate("candidate", factory(path), data, ref, tols, uq_tols,
+                                       uq_outputs=uq_outputs, n_bins=n_bins, cross_check=False, precision="int8")
+            finally:
+                path.unlink(missing_ok=True)
 
         # sensitivity: the numeric error left with one layer float, on the first ID feeds (else generated)
         probe = ParityData.build(generated_feeds if not id_feeds else [], list(id_feeds)[:2], [])
         probe_ref = run_reference(reference, probe)[0]
         left: dict[str, float] = {}
         for name in layers:
-            with factory(variant([name])) as runner:
-                got = [runner.infer(f) for _, _, f in probe.feeds()]
-            comps = compare_outputs(probe_ref.all(), got, [label for _, label, _ in probe.feeds()], tols)
-            left[name] = max(float(c.rule_value) for c in comps.values())
+            path = Path(tmp) / "probe.onnx"
+            onnx.save_model(keep_float_layers(failing, fp32, [name]), str(path))
+            try:
+                with factory(path) as runner:
+                    got = [runner.infer(f) for _, _, f in probe.feeds()]
+                comps = compare_outputs(probe_ref.all(), got, [lab for _, lab, _ in probe.feeds()], tols)
+                values = [float(c.rule_value) for c in comps.values()]
+                left[name] = max(v if math.isfinite(v) else math.inf for v in values)
+            except ToolchainError:
+                left[name] = math.inf  # this variant cannot run: tried last
+            finally:
+                path.unlink(missing_ok=True)
         order = sorted(layers, key=lambda n: (left[n], layers.index(n)))
-        log.info("rescue int8 of %s: %d quantized layers; most sensitive first: %s", src.name, len(layers),
+        log.info("rescue int8 of %s: %d quantized layers; most sensitive first: %s", label, len(layers),
                  ", ".join(order[:4]))
-        keep, initial, final, search = _search_keep(evaluate, order, max_evaluations, "int8", src.name)
-        result_path = variant(keep)
+        keep, initial, final, search = _search_keep(evaluate, order, max_evaluations, "int8", label)
         tmp_dst = dst.with_name(f".{dst.name}.tmp")
-        result_path.replace(tmp_dst)
+        onnx.save_model(keep_float_layers(failing, fp32, keep), str(tmp_dst))
         tmp_dst.replace(dst)
     why = "; ".join(c.name for c in initial[:4])
-    report = {**first.report(), "quantized": [n for n in first.quantized if n not in keep],
-              "quantized_count": len(first.quantized) - len(keep),
-              "kept_float": {**first.kept_float, **{n: f"float fallback: needed to pass {why}" for n in keep}}}
+    report = {"target": "int8", "source": label, "quantized": [n for n in layers if n not in keep],
+              "quantized_count": len(layers) - len(keep),
+              "kept_float": {n: f"float fallback: needed to pass {why}" for n in keep}}
     atomic_write_json(dst.with_name(f"{dst.stem}.precision.json"), report)
     write_summary(dst)
     for name in keep:
@@ -297,7 +306,8 @@ def rescue_int8(
                        initial_failures=initial, final_checks=final, evaluations=search.log,
                        seconds=time.perf_counter() - started)
     atomic_write_json(dst.with_name(f"{dst.stem}.rescue.json"),
-                      {**out.to_dict(), "sensitivity": {n: round(left[n], 4) for n in order}})
+                      {**out.to_dict(), "sensitivity": {n: (round(left[n], 4) if math.isfinite(left[n]) else None)
+                                                        for n in order}})
     return out
 
 

@@ -37,6 +37,7 @@ from toolchain.engines.registry import ran_lower
 from toolchain.errors import ToolchainError
 from toolchain.parity.numeric import compare_outputs, polygraphy_cross_check
 from toolchain.parity.tolerances import (
+    DEFAULT_UQ_TOLERANCES,
     PRECISIONS,
     MetricTolerance,
     Tolerance,
@@ -426,8 +427,9 @@ def run_parity(
                 precision = _judged_precision(engine, runner, meta, tols, tolerances, precisions)
                 log.info("parity: checking '%s' (%s)", engine, precision)
                 engine_uq = uq_tols
-                if precision == "int8":  # INT8's own UQ defaults, the same overrides
-                    engine_uq = parse_uq_tolerances(uq_tolerances, "int8")
+                if precision == "int8":  # INT8's own UQ defaults, the caller's real overrides over them
+                    engine_uq = parse_uq_tolerances({k: v for k, v in uq_tols.items()
+                                                     if DEFAULT_UQ_TOLERANCES.get(k) != v}, "int8")
                     meta.setdefault("uq_tolerances_by_engine", {})[engine] = {
                         k: t.to_dict() for k, t in sorted(engine_uq.items())}
                 found = check_candidate(engine, runner, data, ref, tols[engine], engine_uq, uq_outputs=uq_outputs,

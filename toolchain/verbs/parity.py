@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from toolchain.errors import DataError, GraphError, ToolchainError
-from toolchain.verbs.rows import batches, csv_rows, data_feeds, load_source_tokenizer, text_batches
+from toolchain.verbs.rows import batches, csv_rows, load_source_tokenizer, text_batches
 
 Feed = dict[str, np.ndarray]
 _GROUPS = ("generated", "id", "ood")
@@ -66,10 +66,6 @@ class ParityOptions:
     precision: str | Sequence[str] | None = None
     save_inputs: Path | None = None
     localize: bool = False  #: name where each failing graph first diverges (:mod:`toolchain.verbs.localize`)
-    #: INT8 rescue: the rows the failing Q/DQ graph was calibrated on (a labelled CSV or an .npz), re-quantized with
-    #: layers kept in float
-    calibration: Path | None = None
-    calibration_rows: int = 256
     baseline: Path | None = None  #: with ``localize``: a reference graph to compare node by node
 
 
@@ -309,7 +305,7 @@ def rescue_graphs(verdict: Any, reference: str | Path, options: ParityOptions | 
 
     For each failing FP16/BF16 ``.onnx`` graph, the smallest FP32 node set that passes; for each failing
     INT8 (Q/DQ) graph, the smallest set of quantized layers to keep in float (the UQ-aware float fallback,
-    :func:`toolchain.parity.rescue_int8`, re-quantized on ``options.calibration``).
+    :func:`toolchain.parity.rescue_int8`: the failing graph's own layers turned back to float).
 
     The FP32 graph is the failing graph's name without its precision (``hydra-conv.fp16.onnx`` ->
     ``hydra-conv.onnx``, beside it); the passing graph goes to ``out/rescued/``.
@@ -362,20 +358,15 @@ def _rescue_int8(path: Path, label: str, kind: str, source: Any, o: ParityOption
     if fp32 == path or not fp32.is_file():
         raise GraphError(f"rescue of '{path}': its FP32 graph '{fp32}' is not there; the INT8 fallback re-quantizes "
                          "the FP32 graph it was made from.")
-    if o.calibration is None:
-        raise DataError(f"rescue of the INT8 graph '{path.name}' re-quantizes it: pass --calib FILE (the rows it was "
-                        "calibrated on, as given to export --data).")
     names = _graph_inputs(fp32)
     runner, _wanted = _reference(source, names, _graph_outputs(fp32))
     feeds = parity_feeds(source, names, o)
-    calib = data_feeds(source, names, o.calibration, tokenizer=o.tokenizer, max_length=o.max_length,
-                       max_rows=o.calibration_rows)
     def factory(p: Path) -> Any:  # searched on the engine that failed (its INT8 kernels), not a stand-in
         return runner_for(kind, {"path": str(p), "precision": "int8"}, name="rescue-int8")
 
     # one rescued graph per engine kind that failed it (OpenVINO's INT8 kernels may need other layers in float)
     dst = Path(out) / "rescued" / (path.name if engine_kind(kind).rescuable else f"{kind}/{path.name}")
-    res = rescue_int8(fp32, dst, calib, runner, feeds.generated, feeds.ident, feeds.ood,
+    res = rescue_int8(fp32, dst, path, runner, feeds.generated, feeds.ident, feeds.ood,
                       tolerances=dict(o.tolerances) or None, uq_tolerances=dict(o.uq_tolerances) or None,
                       runner_factory=factory)
     say(f"rescue {path.name} ({label}): {'pass' if res.passed else 'FAIL'} keeping {len(res.kept_fp32_nodes)} "

@@ -168,16 +168,20 @@ def quantize_int8(src: Path, dst: Path, feeds: Sequence[Mapping[str, np.ndarray]
         rewired = confine_qdq(written, chosen)  # residual adds and other consumers read float again
         onnx.save_model(written, str(tmp))
         onnx.checker.check_model(str(tmp), full_check=False)
-        tmp.replace(dst)
-    except (onnx.checker.ValidationError, ValueError, RuntimeError) as exc:
-        raise GraphError(f"INT8 quantization of {src} failed: {str(exc).splitlines()[0]}") from exc
+        dq_inputs = {n.output[0] for n in written.graph.node if n.op_type == "DequantizeLinear"}
+        quantized = tuple(n.name for n in written.graph.node if n.name in set(chosen)
+                          and len(n.input) > 1 and n.input[1] in dq_inputs)
+        ranges = member_ranges(src, feeds, quantized) if measure_members else {}
+        tmp.replace(dst)  # only a complete graph takes the name
+    except GraphError:
+        raise
+    except Exception as exc:  # ONNX Runtime's own errors (InvalidArgument, Fail) derive from Exception
+        raise GraphError(f"INT8 quantization of {src} failed: {str(exc).splitlines()[0]}",
+                         hint="Check the calibration rows (export --data): they must hold the graph's inputs "
+                              "with its dtypes.") from exc
     finally:
         root.removeFilter(quiet)
         tmp.unlink(missing_ok=True)
-    written = onnx.load_model(str(dst), load_external_data=False)
-    dq_inputs = {n.output[0] for n in written.graph.node if n.op_type == "DequantizeLinear"}
-    quantized = tuple(n.name for n in written.graph.node if n.name in set(chosen)
-                      and len(n.input) > 1 and n.input[1] in dq_inputs)
     for n in chosen:
         if n not in quantized:
             keep[n] = "left float by the quantizer (no INT8 kernel pattern for it)"
@@ -186,7 +190,6 @@ def quantize_int8(src: Path, dst: Path, feeds: Sequence[Mapping[str, np.ndarray]
              "float_consumers_rewired": rewired,
              "activations": "int8 symmetric, per tensor", "weights": "int8 symmetric",
              "quantizer": "onnxruntime.quantization.quantize_static (QDQ)"}
-    ranges = member_ranges(src, feeds, quantized) if measure_members else {}
     log.info("int8: %d of %d matrix layers quantized, %d kept float", len(quantized), len(layers), len(keep))
     return QuantResult(quantized, keep, calib, ranges)
 
