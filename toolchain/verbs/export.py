@@ -213,6 +213,7 @@ def export_graphs(src: str | Path, out: str | Path, options: ExportOptions | Non
     example = source.make_feed(1, o.sequence.opt, 0)
     graphs: dict[str, Any] = {}
     bases = [f"hydra-{low}" for low in o.lowerings] if source.kind == "hydra" else ["single"]
+    calib_for: dict[tuple[str, ...], list[dict[str, np.ndarray]]] = {}  # INT8 calibration feeds per input set
     for base in bases:
         module, outputs = source.build(base.split("-", 1)[1] if source.kind == "hydra" else None)
         names = [n for n in getattr(module, "input_names", ()) or source.family.input_names if n in specs]
@@ -232,8 +233,10 @@ def export_graphs(src: str | Path, out: str | Path, options: ExportOptions | Non
                 from toolchain.engines.onnxrt.quantize import write_int8_variant
                 from toolchain.verbs.rows import data_feeds
 
-                calib = data_feeds(source, names, o.data, tokenizer=o.tokenizer, max_length=o.sequence.max,
-                                   max_rows=o.calibration_rows)
+                if calib_for.get(tuple(names)) is None:  # tokenised once per set of inputs, not per lowering
+                    calib_for[tuple(names)] = data_feeds(source, names, o.data, tokenizer=o.tokenizer,
+                                                         max_length=o.sequence.max, max_rows=o.calibration_rows)
+                calib = calib_for[tuple(names)]
                 res = write_int8_variant(out / f"{base}.onnx", out / f"{name}.onnx", calib)
                 # checked on calibration rows: generated token ids lie outside the calibrated ranges
                 check = validate_precision(out / f"{name}.onnx", module,

@@ -330,13 +330,7 @@ def rescue_graphs(verdict: Any, reference: str | Path, options: ParityOptions | 
         if precision not in ("fp16", "bf16") or path.suffix != ".onnx" or kind not in _rescuable_names():
             say(f"rescue: {path.name} is not an FP16/BF16 ONNX graph of a rescuable kind; skipped")
             continue
-        fp32 = path.with_name(path.name.replace(f".{precision}.onnx", ".onnx"))
-        if fp32 == path or not fp32.is_file():
-            raise GraphError(f"rescue of '{path}': its FP32 graph '{fp32}' is not there; rescue re-converts the "
-                             "FP32 graph it was made from.")
-        names = _graph_inputs(fp32)
-        runner, _wanted = _reference(source, names, _graph_outputs(fp32))
-        feeds = parity_feeds(source, names, o)
+        fp32, runner, feeds = _rescue_inputs(path, precision, source, o)
         dst = Path(out) / "rescued" / path.name
         res = rescue_precision(fp32, dst, precision, runner, feeds.generated, feeds.ident, feeds.ood,
                                tolerances=dict(o.tolerances) or None, uq_tolerances=dict(o.uq_tolerances) or None)
@@ -349,18 +343,23 @@ def rescue_graphs(verdict: Any, reference: str | Path, options: ParityOptions | 
     return rescued
 
 
+def _rescue_inputs(path: Path, precision: str, source: Any, o: ParityOptions) -> tuple[Path, Any, Feeds]:
+    """A failing graph's FP32 graph beside it (its name without the precision), the reference and the feeds."""
+    fp32 = path.with_name(path.name.replace(f".{precision}.onnx", ".onnx"))
+    if fp32 == path or not fp32.is_file():
+        raise GraphError(f"rescue of '{path}': its FP32 graph '{fp32}' is not there; the rescue reads the FP32 graph "
+                         "it was made from (put it beside the failing graph).")
+    names = _graph_inputs(fp32)
+    runner, _wanted = _reference(source, names, _graph_outputs(fp32))
+    return fp32, runner, parity_feeds(source, names, o)
+
+
 def _rescue_int8(path: Path, label: str, kind: str, source: Any, o: ParityOptions, out: str | Path,
                  rescue_int8: Callable[..., Any], say: Callable[[str], None]) -> dict[str, Any]:
     """The float fallback of one failing INT8 graph, searched on the engine kind that failed it."""
     from toolchain.engines import engine_kind, runner_for
 
-    fp32 = path.with_name(path.name.replace(".int8.onnx", ".onnx"))
-    if fp32 == path or not fp32.is_file():
-        raise GraphError(f"rescue of '{path}': its FP32 graph '{fp32}' is not there; the INT8 fallback re-quantizes "
-                         "the FP32 graph it was made from.")
-    names = _graph_inputs(fp32)
-    runner, _wanted = _reference(source, names, _graph_outputs(fp32))
-    feeds = parity_feeds(source, names, o)
+    fp32, runner, feeds = _rescue_inputs(path, "int8", source, o)
     def factory(p: Path) -> Any:  # searched on the engine that failed (its INT8 kernels), not a stand-in
         return runner_for(kind, {"path": str(p), "precision": "int8"}, name="rescue-int8")
 
